@@ -1,0 +1,48 @@
+// Package dlock provides distributed locks on Redis that are correct first: reentrant,
+// fenced, renewed by a watchdog, and observable when lost.
+//
+// # Quick start
+//
+//	c := dlock.New(rdb)             // rdb: *redis.Client, failover or *redis.ClusterClient
+//	defer c.Close(context.Background())
+//
+//	m := c.Mutex("orders:42")       // a cheap handle; the handle is the owner
+//	l, err := m.Lock(ctx)           // waits until held or ctx ends
+//	if err != nil { ... }
+//	defer l.Unlock(ctx)
+//	select {
+//	case <-l.Done():                // lease lost: stop, someone else may hold the lock
+//		return l.Err()
+//	default:
+//	}
+//	dlock.FencedSet(ctx, rdb, "stock:42", newStock, l.Token())
+//
+// # Semantics
+//
+// A lock is a Redis hash {owner: holdCount} with a TTL. Acquire, release and extend are one
+// Lua script each, one round trip each. The same owner re-enters at once and must Unlock once
+// per Lock. Every fresh acquisition increments a per-lock counter: the fencing token, which
+// strictly increases across all owners.
+//
+// While held, the Client's renewer extends every lease at TTL/3 (default TTL 30s). A lease is
+// lost when its key is deleted, expires or is taken, which Redis pushes to the Client through
+// client-side-caching invalidations (no server configuration needed), or when no renewal
+// succeeded by the lease's safe deadline: send time of the last acquire or renewal +
+// TTL × (1 − drift), on the monotonic clock. Then Done closes and Err wraps ErrLeaseLost.
+//
+// # Safety model
+//
+// Under bounded clock-rate drift between this process and Redis, and with a Redis that does
+// not lose writes, the validity windows of two leases on one lock never overlap: a holder that
+// watches Done stops before anyone else can acquire. A holder that cannot watch Done in time
+// (a long GC or VM pause, a slow write already in flight) is not covered by any TTL lock; a
+// resource that checks the fencing token (FencedSet) refuses its late writes. A Redis restart
+// without persistence, or a failover to a replica that missed the write, can grant a lock
+// twice: fencing still protects the resource, and docs/DESIGN.md explains the rest.
+//
+// # Errors
+//
+// Errors match the sentinels with errors.Is: ErrNotObtained (taken, or ctx ended while
+// waiting, joined with ctx.Err()), ErrNotHeld, ErrLeaseLost, ErrClosed, ErrInvalid and
+// ErrStaleToken. Redis errors are returned wrapped with the lock name.
+package dlock

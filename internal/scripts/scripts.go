@@ -1,0 +1,28 @@
+// Package scripts holds dlock's Lua scripts, one per operation. Each file opens with its
+// KEYS/ARGV contract; the Go side only passes arguments and decodes replies.
+package scripts
+
+import (
+	_ "embed"
+
+	"github.com/redis/go-redis/v9"
+)
+
+var (
+	//go:embed acquire.lua
+	acquireSrc string
+	//go:embed release.lua
+	releaseSrc string
+	//go:embed extend.lua
+	extendSrc string
+	//go:embed fenced_set.lua
+	fencedSetSrc string
+)
+
+// Scripts run with EVALSHA and fall back to EVAL when the server has not cached them yet.
+var (
+	Acquire   = redis.NewScript(acquireSrc)
+	Release   = redis.NewScript(releaseSrc)
+	Extend    = redis.NewScript(extendSrc)
+	FencedSet = redis.NewScript(fencedSetSrc)
+)

@@ -1,0 +1,20 @@
+package dlock
+
+// keys holds the Redis names of one lock. All of them carry the hash tag {name}, so every
+// script touches a single Redis Cluster slot.
+type keys struct {
+	lock    string // hash {owner: holdCount} with the lease TTL
+	fence   string // fencing counter, INCR'd on each fresh acquisition; never expires
+	opLog   string // last acquire/release id per owner, so retried calls are not applied twice
+	channel string // pub/sub channel the release script publishes on
+}
+
+func lockKeys(prefix, name string) keys {
+	base := prefix + "{" + name + "}"
+	return keys{
+		lock:    base,
+		fence:   base + ":fence",
+		opLog:   base + ":log",
+		channel: base + ":released",
+	}
+}

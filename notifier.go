@@ -1,0 +1,476 @@
+package dlock
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// invalidateChannel is where Redis delivers client-side-caching invalidations to a RESP2
+// connection named by CLIENT TRACKING ... REDIRECT.
+const invalidateChannel = "__redis__:invalidate"
+
+const (
+	receiveTimeout   = 10 * time.Second // idle time before the notifier pings its connection
+	confirmTimeout   = 2 * time.Second  // how long a waiter waits for SUBSCRIBE to be confirmed
+	idleChannelAfter = 10 * time.Second // unused release channels are unsubscribed after this
+	trackerTimeout   = 2 * time.Second  // bound on one tracking round trip
+)
+
+// notifier owns the one notification connection a Client keeps per Redis node. It serves two
+// jobs on that single pub/sub connection:
+//
+//   - waking waiters: Lock subscribes to a lock's release channel before its attempt and is
+//     woken when the holder's release script publishes;
+//   - detecting lease loss: a second, private connection reads each held lock key with
+//     CLIENT TRACKING ON REDIRECT <pub/sub connection>, so Redis pushes an invalidation the
+//     moment anyone (a DEL from redis-cli included) changes or deletes the key. The checker
+//     then re-reads the key (which also re-arms tracking) and ends the leases whose owner is
+//     gone. This needs no server configuration, unlike keyspace notifications.
+//
+// Both connections come from a private RESP2 client built from the node's options, because
+// go-redis does not expose a pub/sub connection's client id; an OnConnect hook captures it.
+type notifier struct {
+	nc     *redis.Client
+	ps     *redis.PubSub
+	ctx    context.Context // marks the pub/sub connection's OnConnect; cancelled on close
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	pubsubID atomic.Int64  // CLIENT ID of the current pub/sub connection
+	epoch    atomic.Uint64 // bumped on every new pub/sub connection
+	kick     chan struct{} // wakes the checker; buffered 1
+
+	psMu sync.Mutex // serialises SUBSCRIBE/UNSUBSCRIBE with the channel table
+
+	mu         sync.Mutex
+	chans      map[string]*channelState
+	watched    map[string]map[*Lease]uint64 // lock key -> leases held on it -> watch sequence
+	watchSeq   uint64
+	pending    map[string]struct{}            // watched keys to re-read
+	recheckAll bool
+	noTracking bool // the server refused CLIENT TRACKING: loss is found by renewal only
+}
+
+type channelState struct {
+	refs      int
+	confirmed bool
+	ready     chan struct{} // closed when SUBSCRIBE is confirmed
+	waiters   map[chan struct{}]struct{}
+	idleSince time.Time
+}
+
+// pubsubConnKey marks the context of pub/sub calls so OnConnect knows which connection is new.
+type pubsubConnKey struct{}
+
+func newNotifier(node *redis.Client) *notifier {
+	n := &notifier{
+		kick:    make(chan struct{}, 1),
+		chans:   make(map[string]*channelState),
+		watched: make(map[string]map[*Lease]uint64),
+		pending: make(map[string]struct{}),
+	}
+	opt := *node.Options()
+	opt.Protocol = 2 // invalidations arrive as ordinary pub/sub messages
+	opt.PoolSize, opt.MinIdleConns, opt.MaxIdleConns, opt.MaxActiveConns = 2, 0, 2, 0
+	opt.ClientName = "dlock-notify"
+	opt.ClientSideCache, opt.ClientSideCacheConfig = nil, nil
+	opt.AutoPipelineOptions, opt.PushNotificationProcessor, opt.MaintNotificationsConfig = nil, nil, nil
+	opt.Limiter = nil
+	userHook := opt.OnConnect
+	opt.OnConnect = func(ctx context.Context, cn *redis.Conn) error {
+		if userHook != nil {
+			if err := userHook(ctx, cn); err != nil {
+				return err
+			}
+		}
+		if ctx.Value(pubsubConnKey{}) != n {
+			return nil
+		}
+		id, err := cn.ClientID(ctx).Result()
+		if err != nil {
+			return err
+		}
+		n.pubsubID.Store(id)
+		n.epoch.Add(1)
+		n.reconnected()
+		return nil
+	}
+	n.nc = redis.NewClient(&opt)
+	ctx, cancel := context.WithCancel(context.Background())
+	n.ctx, n.cancel = context.WithValue(ctx, pubsubConnKey{}, n), cancel
+	n.ps = n.nc.Subscribe(n.ctx, invalidateChannel)
+	n.wg.Add(2)
+	go n.receiveLoop()
+	go n.checkLoop()
+	return n
+}
+
+func (n *notifier) close() {
+	n.cancel()
+	_ = n.ps.Close()
+	n.wg.Wait()
+	_ = n.nc.Close()
+}
+
+// reconnected runs when a new pub/sub connection is up: messages may have been missed while
+// there was none, so every waiter retries and every watched key is read again.
+func (n *notifier) reconnected() {
+	n.mu.Lock()
+	n.recheckAll = true
+	for _, cs := range n.chans {
+		wakeAll(cs)
+	}
+	n.mu.Unlock()
+	n.poke()
+}
+
+func (n *notifier) poke() {
+	select {
+	case n.kick <- struct{}{}:
+	default:
+	}
+}
+
+func wakeAll(cs *channelState) {
+	for w := range cs.waiters {
+		select {
+		case w <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (n *notifier) receiveLoop() {
+	defer n.wg.Done()
+	for {
+		msg, err := n.ps.ReceiveTimeout(n.ctx, receiveTimeout)
+		if n.ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				_ = n.ps.Ping(n.ctx) // keeps a silently dead connection from going unnoticed
+				continue
+			}
+			// A broken connection is redialled by go-redis on the next call; a malformed message
+			// (a FLUSHALL invalidation has no key list) means "anything may have changed".
+			n.mu.Lock()
+			n.recheckAll = true
+			n.mu.Unlock()
+			n.poke()
+			select {
+			case <-n.ctx.Done():
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+			continue
+		}
+		switch m := msg.(type) {
+		case *redis.Subscription:
+			if m.Kind == "subscribe" {
+				n.confirm(m.Channel)
+			}
+		case *redis.Message:
+			if m.Channel == invalidateChannel {
+				n.invalidated(m.PayloadSlice)
+			} else {
+				n.mu.Lock()
+				if cs := n.chans[m.Channel]; cs != nil {
+					wakeAll(cs)
+				}
+				n.mu.Unlock()
+			}
+		}
+	}
+}
+
+func (n *notifier) confirm(channel string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if cs := n.chans[channel]; cs != nil && !cs.confirmed {
+		cs.confirmed = true
+		close(cs.ready)
+	}
+}
+
+func (n *notifier) invalidated(keys []string) {
+	n.mu.Lock()
+	hit := false
+	for _, k := range keys {
+		if _, ok := n.watched[k]; ok {
+			n.pending[k] = struct{}{}
+			hit = true
+		}
+	}
+	n.mu.Unlock()
+	if hit {
+		n.poke()
+	}
+}
+
+// A subscription is one waiter's interest in a release channel.
+type subscription struct {
+	n         *notifier
+	channel   string
+	c         chan struct{}
+	confirmed bool // false: the channel may not be subscribed, so the waiter must poll
+}
+
+// subscribe registers a waiter on channel and returns once Redis confirmed the subscription
+// (or after confirmTimeout or when ctx ends, with confirmed false), so a release published
+// after this returns is never missed while the connection stays up.
+func (n *notifier) subscribe(ctx context.Context, channel string) *subscription {
+	s := &subscription{n: n, channel: channel, c: make(chan struct{}, 1)}
+	n.psMu.Lock()
+	n.mu.Lock()
+	cs := n.chans[channel]
+	fresh := cs == nil
+	if fresh {
+		cs = &channelState{ready: make(chan struct{}), waiters: make(map[chan struct{}]struct{})}
+		n.chans[channel] = cs
+	}
+	cs.refs++
+	cs.waiters[s.c] = struct{}{}
+	ready := cs.ready
+	n.mu.Unlock()
+	if fresh {
+		_ = n.ps.Subscribe(n.ctx, channel) // a failure shows up as a missing confirmation
+	}
+	n.psMu.Unlock()
+
+	t := time.NewTimer(confirmTimeout)
+	defer t.Stop()
+	select {
+	case <-ready:
+		s.confirmed = true
+	case <-ctx.Done():
+	case <-t.C:
+	}
+	return s
+}
+
+func (s *subscription) close() {
+	n := s.n
+	n.mu.Lock()
+	if cs := n.chans[s.channel]; cs != nil {
+		delete(cs.waiters, s.c)
+		cs.refs--
+		if cs.refs == 0 {
+			cs.idleSince = time.Now()
+		}
+	}
+	n.mu.Unlock()
+}
+
+// unsubscribeIdle drops confirmed channels nobody waited on for idleChannelAfter. Hot locks
+// stay subscribed, so their waiters skip the SUBSCRIBE round trip.
+func (n *notifier) unsubscribeIdle() {
+	n.psMu.Lock()
+	defer n.psMu.Unlock()
+	var idle []string
+	n.mu.Lock()
+	for ch, cs := range n.chans {
+		if cs.refs == 0 && cs.confirmed && time.Since(cs.idleSince) > idleChannelAfter {
+			idle = append(idle, ch)
+			delete(n.chans, ch)
+		}
+	}
+	n.mu.Unlock()
+	if len(idle) > 0 {
+		_ = n.ps.Unsubscribe(n.ctx, idle...)
+	}
+}
+
+// watch makes lease's loss detectable by push: its key is read (and tracked) right away.
+func (n *notifier) watch(key string, l *Lease) {
+	n.mu.Lock()
+	set := n.watched[key]
+	if set == nil {
+		set = make(map[*Lease]uint64)
+		n.watched[key] = set
+	}
+	n.watchSeq++
+	set[l] = n.watchSeq
+	n.pending[key] = struct{}{}
+	n.mu.Unlock()
+	n.poke()
+}
+
+func (n *notifier) unwatch(key string, l *Lease) {
+	n.mu.Lock()
+	if set := n.watched[key]; set != nil {
+		delete(set, l)
+		if len(set) == 0 {
+			delete(n.watched, key)
+			delete(n.pending, key)
+		}
+	}
+	n.mu.Unlock()
+}
+
+// checkLoop owns the tracking connection: it turns tracking on (again after every new pub/sub
+// connection), reads the keys whose state may have changed, and ends the leases they no
+// longer belong to.
+func (n *notifier) checkLoop() {
+	defer n.wg.Done()
+	var trk *redis.Conn
+	var trackedEpoch uint64
+	defer func() {
+		if trk != nil {
+			_ = trk.Close()
+		}
+	}()
+	sweep := time.NewTicker(idleChannelAfter)
+	defer sweep.Stop()
+	retry := time.NewTimer(time.Hour)
+	defer retry.Stop()
+	for {
+		select {
+		case <-n.ctx.Done():
+			return
+		case <-sweep.C:
+			n.unsubscribeIdle()
+			continue
+		case <-n.kick:
+		case <-retry.C:
+		}
+		n.mu.Lock()
+		skip := n.noTracking
+		n.mu.Unlock()
+		ep := n.epoch.Load()
+		if skip || ep == 0 {
+			continue // no pub/sub connection yet: reconnected() pokes when there is one
+		}
+		if trk == nil || ep != trackedEpoch {
+			if trk != nil {
+				_ = trk.Close()
+			}
+			var err error
+			trk, err = n.startTracking(n.pubsubID.Load())
+			if err != nil {
+				trk = nil
+				retry.Reset(100 * time.Millisecond)
+				continue
+			}
+			if trk == nil {
+				continue // tracking unsupported
+			}
+			trackedEpoch = ep
+			n.mu.Lock()
+			n.recheckAll = true
+			n.mu.Unlock()
+		}
+		if err := n.check(trk); err != nil {
+			_ = trk.Close()
+			trk = nil
+			retry.Reset(100 * time.Millisecond)
+		}
+	}
+}
+
+// startTracking opens the tracking connection. It returns (nil, nil) when the server does not
+// support or allow CLIENT TRACKING, and an error for transient failures.
+func (n *notifier) startTracking(redirect int64) (*redis.Conn, error) {
+	ctx, cancel := context.WithTimeout(n.ctx, trackerTimeout)
+	defer cancel()
+	trk := n.nc.Conn()
+	err := trk.Do(ctx, "CLIENT", "TRACKING", "ON", "REDIRECT", redirect).Err()
+	if err == nil {
+		return trk, nil
+	}
+	_ = trk.Close()
+	var rerr redis.Error
+	if errors.As(err, &rerr) && !isMissingRedirect(err) {
+		n.mu.Lock()
+		n.noTracking = true
+		n.mu.Unlock()
+		return nil, nil
+	}
+	return nil, err
+}
+
+// isMissingRedirect reports the error CLIENT TRACKING gives when the pub/sub connection it
+// should redirect to has gone; a new one is on its way.
+func isMissingRedirect(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "redirect")
+}
+
+// check reads every pending key once on the tracking connection (one pipelined round trip)
+// and ends the leases whose owner field is gone. Only leases watched before the read was sent
+// are judged: a lease acquired meanwhile may not be in what the read returned, and its own
+// watch call has queued the key for the next round.
+func (n *notifier) check(trk *redis.Conn) error {
+	n.mu.Lock()
+	judgeUpTo := n.watchSeq
+	var keys []string
+	if n.recheckAll {
+		n.recheckAll = false
+		clear(n.pending)
+		for k := range n.watched {
+			keys = append(keys, k)
+		}
+	} else {
+		for k := range n.pending {
+			keys = append(keys, k)
+		}
+		clear(n.pending)
+	}
+	n.mu.Unlock()
+	if len(keys) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(n.ctx, trackerTimeout)
+	defer cancel()
+	cmds := make([]*redis.MapStringStringCmd, len(keys))
+	_, err := trk.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, k := range keys {
+			cmds[i] = p.HGetAll(ctx, k)
+		}
+		return nil
+	})
+	if err != nil {
+		n.mu.Lock()
+		for _, k := range keys {
+			if _, ok := n.watched[k]; ok {
+				n.pending[k] = struct{}{}
+			}
+		}
+		n.mu.Unlock()
+		return err
+	}
+	type loss struct {
+		l     *Lease
+		cause error
+	}
+	var lost []loss
+	n.mu.Lock()
+	for i, k := range keys {
+		fields := cmds[i].Val()
+		for l, seq := range n.watched[k] {
+			if seq > judgeUpTo {
+				continue
+			}
+			if _, ok := fields[l.m.owner]; ok {
+				continue
+			}
+			cause := errKeyGone
+			if len(fields) > 0 {
+				cause = errTaken
+			}
+			lost = append(lost, loss{l, cause})
+		}
+	}
+	n.mu.Unlock()
+	for _, x := range lost {
+		x.l.lose(x.cause)
+	}
+	return nil
+}

@@ -1,0 +1,123 @@
+package dlock
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Defaults for the options below.
+const (
+	// DefaultTTL is the lease TTL when WithTTL is not given (Redisson's watchdog default).
+	DefaultTTL = 30 * time.Second
+	// DefaultKeyPrefix starts every key and channel dlock writes when WithKeyPrefix is not given.
+	DefaultKeyPrefix = "dlock:"
+	// DefaultDrift is the fraction of the TTL a lease gives up locally to cover clock-rate
+	// differences between this process and Redis (Redlock's factor).
+	DefaultDrift = 0.01
+
+	minTTL         = time.Millisecond
+	maxNameLen     = 1024
+	maxOwnerLen    = 256
+	maxPrefixLen   = 256
+	opLogTTL       = time.Minute // how long a retried acquire or release is recognised
+	minRenewPeriod = time.Millisecond
+)
+
+// An Option configures a Client (the default for all its mutexes) or a single Mutex.
+// Options given to Client.Mutex override those given to New.
+type Option func(*config)
+
+// config is what options set. The zero value of each field means "use the default".
+type config struct {
+	ttl        time.Duration // default: DefaultTTL
+	ttlSet     bool
+	prefix     *string       // default: DefaultKeyPrefix
+	owner      string        // default: a random 128-bit id per Mutex handle
+	ownerSet   bool
+	drift      *float64      // default: DefaultDrift
+	fixedLease bool          // default: false (watchdog renewal on)
+}
+
+// WithTTL sets the lease TTL. With renewal on (the default) the lease is renewed every TTL/3
+// while held, so the TTL bounds how long a crashed holder blocks others; with WithFixedLease it
+// is the whole lease. It must be at least 1ms; otherwise Lock and TryLock return ErrInvalid.
+func WithTTL(ttl time.Duration) Option { return func(c *config) { c.ttl, c.ttlSet = ttl, true } }
+
+// WithKeyPrefix sets the prefix of every key and channel dlock uses (default "dlock:"). All
+// processes sharing a lock must use the same prefix. It must not contain '{' or '}', which
+// would break the hash tag that keeps a lock's keys in one Redis Cluster slot.
+func WithKeyPrefix(prefix string) Option { return func(c *config) { c.prefix = &prefix } }
+
+// WithOwner sets the owner id instead of a random one. Handles with the same owner id, in one
+// process or several, are the same owner: they re-enter each other's holds and must each
+// Unlock. Use it for an identity that outlives a process (a job id, a host name). It must be
+// non-empty and at most 256 bytes.
+func WithOwner(id string) Option { return func(c *config) { c.owner, c.ownerSet = id, true } }
+
+// WithDrift sets the fraction of the TTL a lease gives up locally for clock drift
+// (default 0.01): a lease counts as lost at send time + TTL × (1 − drift) unless renewed.
+// It must be in [0, 0.5).
+func WithDrift(f float64) Option { return func(c *config) { c.drift = &f } }
+
+// WithFixedLease turns the watchdog off: the lease lasts exactly its TTL from the acquire
+// unless Lease.Extend is called, and then ends (Done closes, Err reports ErrLeaseLost).
+func WithFixedLease() Option { return func(c *config) { c.fixedLease = true } }
+
+func (c config) apply(opts []Option) config {
+	for _, o := range opts {
+		if o != nil {
+			o(&c)
+		}
+	}
+	return c
+}
+
+func (c config) leaseTTL() time.Duration {
+	if !c.ttlSet {
+		return DefaultTTL
+	}
+	return c.ttl
+}
+
+func (c config) keyPrefix() string {
+	if c.prefix == nil {
+		return DefaultKeyPrefix
+	}
+	return *c.prefix
+}
+
+func (c config) driftFactor() float64 {
+	if c.drift == nil {
+		return DefaultDrift
+	}
+	return *c.drift
+}
+
+// validate reports the first option that breaks its rule, as an ErrInvalid.
+func (c config) validate() error {
+	if c.ttlSet && c.ttl < minTTL {
+		return fmt.Errorf("%w: TTL %v: must be at least %v", ErrInvalid, c.ttl, minTTL)
+	}
+	if p := c.keyPrefix(); len(p) > maxPrefixLen || strings.ContainsAny(p, "{}") {
+		return fmt.Errorf("%w: key prefix %q: must be at most %d bytes without '{' or '}'", ErrInvalid, p, maxPrefixLen)
+	}
+	if c.ownerSet && (c.owner == "" || len(c.owner) > maxOwnerLen) {
+		return fmt.Errorf("%w: owner id of %d bytes: must be 1 to %d bytes", ErrInvalid, len(c.owner), maxOwnerLen)
+	}
+	if d := c.driftFactor(); !(d >= 0 && d < 0.5) {
+		return fmt.Errorf("%w: drift %v: must be in [0, 0.5)", ErrInvalid, d)
+	}
+	return nil
+}
+
+// validateName checks a lock name: non-empty, at most 1024 bytes.
+func validateName(name string) error {
+	if name == "" {
+		return fmt.Errorf("%w: empty lock name", ErrInvalid)
+	}
+	if len(name) > maxNameLen {
+		return fmt.Errorf("%w: lock name of %d bytes: must be at most %d", ErrInvalid, len(name), maxNameLen)
+	}
+	return nil
+}

@@ -1,0 +1,188 @@
+package dlock
+
+import (
+	"container/heap"
+	"context"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/dlock-go/dlock/internal/scripts"
+	"github.com/redis/go-redis/v9"
+)
+
+const (
+	maxRenewBatch   = 512                    // leases renewed in one pipelined round trip
+	maxRenewRetry   = 500 * time.Millisecond // cap on the retry delay after a failed renewal
+	minRenewTimeout = 10 * time.Millisecond
+)
+
+// renewer is the Client's watchdog: one goroutine that renews every lease at TTL/3, batching
+// the leases due together into one pipeline instead of running a goroutine per lock. A refused
+// renewal ends the lease as lost; a failed one is retried until the lease's safe deadline
+// timer (see Lease.setDeadlineLocked) ends it.
+type renewer struct {
+	c    *Client
+	kick chan struct{}
+
+	mu sync.Mutex // guards h and every lease's heapIdx and renewAt; taken before Lease.mu
+	h  leaseHeap
+}
+
+func newRenewer(c *Client) *renewer {
+	return &renewer{c: c, kick: make(chan struct{}, 1)}
+}
+
+func renewPeriod(ttl time.Duration) time.Duration { return max(ttl/3, minRenewPeriod) }
+
+func (r *renewer) add(l *Lease, sent time.Time) {
+	r.mu.Lock()
+	l.mu.Lock()
+	if l.state == leaseHeld && l.heapIdx < 0 {
+		l.renewAt = sent.Add(renewPeriod(l.ttl))
+		heap.Push(&r.h, l)
+	}
+	l.mu.Unlock()
+	r.mu.Unlock()
+	r.poke()
+}
+
+// reschedule moves a scheduled lease's next renewal to TTL/3 after sent.
+func (r *renewer) reschedule(l *Lease, sent time.Time) {
+	r.mu.Lock()
+	if l.heapIdx >= 0 {
+		l.mu.Lock()
+		l.renewAt = sent.Add(renewPeriod(l.ttl))
+		l.mu.Unlock()
+		heap.Fix(&r.h, l.heapIdx)
+	}
+	r.mu.Unlock()
+	r.poke()
+}
+
+func (r *renewer) remove(l *Lease) {
+	r.mu.Lock()
+	if l.heapIdx >= 0 {
+		heap.Remove(&r.h, l.heapIdx)
+	}
+	r.mu.Unlock()
+}
+
+func (r *renewer) poke() {
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (r *renewer) run(stop <-chan struct{}) {
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		r.mu.Lock()
+		wait := time.Hour
+		if len(r.h) > 0 {
+			wait = time.Until(r.h[0].renewAt)
+		}
+		r.mu.Unlock()
+		timer.Reset(wait)
+		select {
+		case <-stop:
+			return
+		case <-r.kick:
+			continue
+		case <-timer.C:
+		}
+		if due := r.popDue(); len(due) > 0 {
+			r.renewBatch(due)
+		}
+	}
+}
+
+func (r *renewer) popDue() []*Lease {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := time.Now()
+	var due []*Lease
+	for len(r.h) > 0 && !r.h[0].renewAt.After(now) && len(due) < maxRenewBatch {
+		due = append(due, heap.Pop(&r.h).(*Lease))
+	}
+	return due
+}
+
+// renewBatch extends every lease in due with one pipelined round trip.
+func (r *renewer) renewBatch(due []*Lease) {
+	ttls := make([]time.Duration, len(due))
+	timeout := time.Duration(1<<63 - 1)
+	for i, l := range due {
+		l.mu.Lock()
+		ttls[i] = l.ttl
+		l.mu.Unlock()
+		timeout = min(timeout, max(ttls[i]/3, minRenewTimeout))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	rdb := r.c.rdb
+	sent := time.Now()
+	pipe := rdb.Pipeline()
+	cmds := make([]*redis.Cmd, len(due))
+	for i, l := range due {
+		cmds[i] = scripts.Extend.EvalSha(ctx, pipe, []string{l.m.keys.lock}, l.m.owner, ttls[i].Milliseconds())
+	}
+	_, _ = pipe.Exec(ctx)
+
+	for i, l := range due {
+		n, err := cmds[i].Int()
+		if err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+			n, err = scripts.Extend.Run(ctx, rdb, []string{l.m.keys.lock}, l.m.owner, ttls[i].Milliseconds()).Int()
+		}
+		switch {
+		case err != nil:
+			r.requeue(l, time.Now().Add(min(ttls[i]/10, maxRenewRetry)), time.Time{})
+		case n == 0:
+			l.lose(errRenewRefused)
+		default:
+			r.requeue(l, sent.Add(renewPeriod(ttls[i])), sent)
+		}
+	}
+}
+
+// requeue schedules a lease's next renewal if it is still held; a non-zero renewed moves its
+// safe deadline to renewed + TTL × (1 − drift).
+func (r *renewer) requeue(l *Lease, at, renewed time.Time) {
+	r.mu.Lock()
+	l.mu.Lock()
+	if l.state == leaseHeld && l.heapIdx < 0 {
+		if !renewed.IsZero() {
+			l.setDeadlineLocked(renewed)
+		}
+		l.renewAt = at
+		heap.Push(&r.h, l)
+	}
+	l.mu.Unlock()
+	r.mu.Unlock()
+	r.poke()
+}
+
+// leaseHeap orders leases by their next renewal time.
+type leaseHeap []*Lease
+
+func (h leaseHeap) Len() int           { return len(h) }
+func (h leaseHeap) Less(i, j int) bool { return h[i].renewAt.Before(h[j].renewAt) }
+func (h leaseHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].heapIdx, h[j].heapIdx = i, j
+}
+func (h *leaseHeap) Push(x any) {
+	l := x.(*Lease)
+	l.heapIdx = len(*h)
+	*h = append(*h, l)
+}
+func (h *leaseHeap) Pop() any {
+	old := *h
+	l := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	l.heapIdx = -1
+	return l
+}
