@@ -32,9 +32,9 @@ var (
 
 // Causes wrapped by ErrLeaseLost.
 var (
-	errKeyGone      = errors.New("lock key deleted or expired in Redis")
-	errTaken        = errors.New("lock taken by another owner")
-	errDeadline     = errors.New("no successful renewal before the lease's safe deadline")
-	errRenewRefused = errors.New("renewal refused: owner no longer holds the lock")
+	errKeyGone        = errors.New("lock key deleted or expired in Redis")
+	errTaken          = errors.New("lock taken by another owner")
+	errDeadline       = errors.New("no successful renewal before the lease's safe deadline")
+	errRenewRefused   = errors.New("renewal refused: owner no longer holds the lock")
 	errFixedLeaseOver = errors.New("fixed lease TTL ran out")
 )

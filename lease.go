@@ -29,17 +29,21 @@ type Lease struct {
 	holdID string
 	notif  *notifier // nil when the server gives no push notifications
 	done   chan struct{}
+	// tracked is closed once a tracked read confirmed the hold, so a later change of the key
+	// is pushed (tests wait on it before tampering with the key).
+	tracked     chan struct{}
+	trackedOnce sync.Once
 
-	mu       sync.Mutex
-	state    leaseState
-	err      error
-	ttl      time.Duration
-	deadline time.Time   // monotonic: when the lease counts as lost without a renewal
-	deadlineFrom time.Time // send time of the acquire/renewal/extend that set deadline
-	timer    *time.Timer // fires at deadline
-	heapIdx  int         // position in the renewer's heap, -1 when not scheduled (renewer.mu)
-	renewAt  time.Time   // next renewal (renewer.mu)
-	unlocked bool // Unlock reached Redis (or found the lease lost)
+	mu           sync.Mutex
+	state        leaseState
+	err          error
+	ttl          time.Duration
+	deadline     time.Time   // monotonic: when the lease counts as lost without a renewal
+	deadlineFrom time.Time   // send time of the acquire/renewal/extend that set deadline
+	timer        *time.Timer // fires at deadline
+	heapIdx      int         // position in the renewer's heap, -1 when not scheduled (renewer.mu)
+	renewAt      time.Time   // next renewal (renewer.mu)
+	unlocked     bool        // Unlock reached Redis (or found the lease lost)
 }
 
 // Token returns the lease's fencing token. Tokens of one lock strictly increase with every

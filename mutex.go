@@ -143,6 +143,7 @@ func (m *Mutex) attempt(ctx context.Context) (*Lease, time.Duration, error) {
 		token:   uint64(res[1]),
 		holdID:  holdID,
 		done:    make(chan struct{}),
+		tracked: make(chan struct{}),
 		ttl:     ttl,
 		heapIdx: -1,
 	}

@@ -39,7 +39,8 @@ const (
 type notifier struct {
 	nc     *redis.Client
 	ps     *redis.PubSub
-	ctx    context.Context // marks the pub/sub connection's OnConnect; cancelled on close
+	ctx    context.Context // cancelled on close
+	psCtx  context.Context // ctx plus the mark that tells OnConnect a pub/sub connection is new
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
@@ -53,7 +54,7 @@ type notifier struct {
 	chans      map[string]*channelState
 	watched    map[string]map[*Lease]uint64 // lock key -> leases held on it -> watch sequence
 	watchSeq   uint64
-	pending    map[string]struct{}            // watched keys to re-read
+	pending    map[string]struct{} // watched keys to re-read
 	recheckAll bool
 	noTracking bool // the server refused CLIENT TRACKING: loss is found by renewal only
 }
@@ -104,8 +105,9 @@ func newNotifier(node *redis.Client) *notifier {
 	}
 	n.nc = redis.NewClient(&opt)
 	ctx, cancel := context.WithCancel(context.Background())
-	n.ctx, n.cancel = context.WithValue(ctx, pubsubConnKey{}, n), cancel
-	n.ps = n.nc.Subscribe(n.ctx, invalidateChannel)
+	n.ctx, n.cancel = ctx, cancel
+	n.psCtx = context.WithValue(ctx, pubsubConnKey{}, n)
+	n.ps = n.nc.Subscribe(n.psCtx, invalidateChannel)
 	n.wg.Add(2)
 	go n.receiveLoop()
 	go n.checkLoop()
@@ -150,14 +152,14 @@ func wakeAll(cs *channelState) {
 func (n *notifier) receiveLoop() {
 	defer n.wg.Done()
 	for {
-		msg, err := n.ps.ReceiveTimeout(n.ctx, receiveTimeout)
+		msg, err := n.ps.ReceiveTimeout(n.psCtx, receiveTimeout)
 		if n.ctx.Err() != nil {
 			return
 		}
 		if err != nil {
 			var ne net.Error
 			if errors.As(err, &ne) && ne.Timeout() {
-				_ = n.ps.Ping(n.ctx) // keeps a silently dead connection from going unnoticed
+				_ = n.ps.Ping(n.psCtx) // keeps a silently dead connection from going unnoticed
 				continue
 			}
 			// A broken connection is redialled by go-redis on the next call; a malformed message
@@ -242,7 +244,7 @@ func (n *notifier) subscribe(ctx context.Context, channel string) *subscription 
 	ready := cs.ready
 	n.mu.Unlock()
 	if fresh {
-		_ = n.ps.Subscribe(n.ctx, channel) // a failure shows up as a missing confirmation
+		_ = n.ps.Subscribe(n.psCtx, channel) // a failure shows up as a missing confirmation
 	}
 	n.psMu.Unlock()
 
@@ -285,7 +287,7 @@ func (n *notifier) unsubscribeIdle() {
 	}
 	n.mu.Unlock()
 	if len(idle) > 0 {
-		_ = n.ps.Unsubscribe(n.ctx, idle...)
+		_ = n.ps.Unsubscribe(n.psCtx, idle...)
 	}
 }
 
@@ -436,7 +438,7 @@ func (n *notifier) check(trk *redis.Conn) error {
 		}
 		return nil
 	})
-	if err != nil {
+	if err != nil && !isRedisReply(err) {
 		n.mu.Lock()
 		for _, k := range keys {
 			if _, ok := n.watched[k]; ok {
@@ -451,24 +453,30 @@ func (n *notifier) check(trk *redis.Conn) error {
 		cause error
 	}
 	var lost []loss
+	var confirmed []*Lease
 	n.mu.Lock()
 	for i, k := range keys {
-		fields := cmds[i].Val()
+		// A reply error (WRONGTYPE) means someone replaced the lock hash with another type.
+		fields, ferr := cmds[i].Result()
 		for l, seq := range n.watched[k] {
 			if seq > judgeUpTo {
 				continue
 			}
-			if _, ok := fields[l.m.owner]; ok {
+			if _, ok := fields[l.m.owner]; ok && ferr == nil {
+				confirmed = append(confirmed, l)
 				continue
 			}
 			cause := errKeyGone
-			if len(fields) > 0 {
+			if len(fields) > 0 || ferr != nil {
 				cause = errTaken
 			}
 			lost = append(lost, loss{l, cause})
 		}
 	}
 	n.mu.Unlock()
+	for _, l := range confirmed {
+		l.trackedOnce.Do(func() { close(l.tracked) })
+	}
 	for _, x := range lost {
 		x.l.lose(x.cause)
 	}

@@ -32,11 +32,11 @@ type Option func(*config)
 type config struct {
 	ttl        time.Duration // default: DefaultTTL
 	ttlSet     bool
-	prefix     *string       // default: DefaultKeyPrefix
-	owner      string        // default: a random 128-bit id per Mutex handle
+	prefix     *string // default: DefaultKeyPrefix
+	owner      string  // default: a random 128-bit id per Mutex handle
 	ownerSet   bool
-	drift      *float64      // default: DefaultDrift
-	fixedLease bool          // default: false (watchdog renewal on)
+	drift      *float64 // default: DefaultDrift
+	fixedLease bool     // default: false (watchdog renewal on)
 }
 
 // WithTTL sets the lease TTL. With renewal on (the default) the lease is renewed every TTL/3
