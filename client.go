@@ -33,14 +33,16 @@ type Client struct {
 
 	mu        sync.Mutex
 	closed    bool
+	renewing  bool // the renewer goroutine was started
 	notifiers map[string]*notifier // by node address
 	leases    map[*Lease]struct{}
 }
 
 // New returns a Client over rdb: a *redis.Client (standalone or failover/Sentinel) or a
 // *redis.ClusterClient; other UniversalClients work without push loss detection. Options set
-// the defaults for every Mutex of this Client. New does not contact Redis; a nil rdb or an
-// invalid option is reported by every Lock and TryLock as ErrInvalid.
+// the defaults for every Mutex of this Client. New neither contacts Redis nor starts any
+// goroutine (that waits for the first lease); a nil rdb or an invalid option is reported by
+// every Lock and TryLock as ErrInvalid.
 func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	c := &Client{
 		rdb:       rdb,
@@ -55,11 +57,6 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 		c.err = fmt.Errorf("%w: nil Redis client", ErrInvalid)
 	}
 	c.renew = newRenewer(c)
-	c.wg.Add(1)
-	go func() {
-		defer c.wg.Done()
-		c.renew.run(c.closing)
-	}()
 	return c
 }
 
@@ -124,6 +121,14 @@ func (c *Client) track(ctx context.Context, l *Lease, sent time.Time) error {
 		return ErrClosed
 	}
 	c.leases[l] = struct{}{}
+	if !c.renewing { // the renewer starts with the first lease, so an unused Client costs nothing
+		c.renewing = true
+		c.wg.Add(1)
+		go func() {
+			defer c.wg.Done()
+			c.renew.run(c.closing)
+		}()
+	}
 	c.mu.Unlock()
 
 	n := c.notifierFor(ctx, l.m.keys.lock)

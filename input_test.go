@@ -1,0 +1,61 @@
+package dlock_test
+
+import (
+	"context"
+	"errors"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+func TestBadInputIsRejectedClearly(t *testing.T) {
+	c, _ := newClient(t)
+	ctx := ctxT(t)
+	cases := []struct {
+		name  string
+		m     *dlock.Mutex
+		about string
+	}{
+		{"empty name", c.Mutex(""), "empty lock name"},
+		{"long name", c.Mutex(strings.Repeat("x", 2000)), "lock name"},
+		{"zero TTL", c.Mutex("a", dlock.WithTTL(0)), "TTL"},
+		{"negative TTL", c.Mutex("a", dlock.WithTTL(-time.Second)), "TTL"},
+		{"empty owner", c.Mutex("a", dlock.WithOwner("")), "owner"},
+		{"brace in prefix", c.Mutex("a", dlock.WithKeyPrefix("x{y")), "prefix"},
+		{"drift too big", c.Mutex("a", dlock.WithDrift(0.7)), "drift"},
+		{"drift NaN", c.Mutex("a", dlock.WithDrift(math.NaN())), "drift"},
+		{"nil client", dlock.New(nil).Mutex("a"), "nil Redis client"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			for op, f := range map[string]func(context.Context) (*dlock.Lease, error){"TryLock": tc.m.TryLock, "Lock": tc.m.Lock} {
+				l, err := f(ctx)
+				if l != nil || !errors.Is(err, dlock.ErrInvalid) || !strings.Contains(err.Error(), tc.about) {
+					t.Fatalf("%s = %v, %v; want ErrInvalid naming %q", op, l, err, tc.about)
+				}
+			}
+		})
+	}
+	if err := dlock.FencedSet(ctx, redistest.Client(t), "", "v", 1); !errors.Is(err, dlock.ErrInvalid) {
+		t.Fatalf("FencedSet with empty key = %v, want ErrInvalid", err)
+	}
+}
+
+func TestRedisDownIsAnErrorNotAWait(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Network: "unix", Addr: t.TempDir() + "/nothing.sock", MaxRetries: -1})
+	defer rdb.Close()
+	c := dlock.New(rdb)
+	defer c.Close(context.Background())
+	ctx := ctxT(t)
+	for op, f := range map[string]func(context.Context) (*dlock.Lease, error){"TryLock": c.Mutex("a").TryLock, "Lock": c.Mutex("a").Lock} {
+		l, err := f(ctx)
+		if l != nil || err == nil || errors.Is(err, dlock.ErrNotObtained) || !strings.Contains(err.Error(), "nothing.sock") {
+			t.Fatalf("%s with Redis down = %v, %v; want the connection error", op, l, err)
+		}
+	}
+}

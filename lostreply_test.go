@@ -1,0 +1,111 @@
+package dlock_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/redistest"
+	"github.com/dlock-go/dlock/internal/scripts"
+	"github.com/redis/go-redis/v9"
+)
+
+// dropReply is a go-redis hook that lets a script run in Redis and then loses its reply, as a
+// connection reset after the server executed the command would.
+type dropReply struct {
+	sha   string
+	drops atomic.Int32
+}
+
+func (h *dropReply) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) { return next(ctx, network, addr) }
+}
+
+func (h *dropReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		args := cmd.Args()
+		if len(args) > 1 && args[0] == "evalsha" && args[1] == h.sha && h.drops.Add(-1) >= 0 {
+			cmd.SetErr(io.ErrUnexpectedEOF)
+			return io.ErrUnexpectedEOF
+		}
+		return err
+	}
+}
+
+func (h *dropReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func clientDropping(t *testing.T, sha string, drops int32) (*dlock.Client, *redis.Client) {
+	rdb := redistest.Client(t)
+	h := &dropReply{sha: sha}
+	h.drops.Store(drops)
+	rdb.AddHook(h)
+	c := dlock.New(rdb)
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	return c, rdb
+}
+
+func TestUnlockRetriedAfterLostReply(t *testing.T) {
+	ctx := ctxT(t)
+	// Load the scripts so the client sends EVALSHA, which the hook recognises.
+	raw := redistest.Client(t)
+	scripts.Release.Load(ctx, raw)
+	scripts.Acquire.Load(ctx, raw)
+	c, rdb := clientDropping(t, scripts.Release.Hash(), 1)
+	name := redistest.Name(t)
+	m := c.Mutex(name)
+	outer, err := m.Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner, err := m.Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := inner.Unlock(ctx); err == nil {
+		t.Fatal("Unlock with a lost reply returned nil")
+	}
+	if err := inner.Unlock(ctx); err != nil {
+		t.Fatalf("retried Unlock of a release that succeeded = %v, want nil", err)
+	}
+	if n, _ := rdb.HGet(ctx, lockKey(name), m.Owner()).Int(); n != 1 {
+		t.Fatalf("hold count = %d after the retried inner Unlock, want 1", n)
+	}
+	if err := inner.Unlock(ctx); !errors.Is(err, dlock.ErrNotHeld) {
+		t.Fatalf("Unlock after a successful retry = %v, want ErrNotHeld", err)
+	}
+	if err := outer.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if rdb.Exists(ctx, lockKey(name)).Val() != 0 {
+		t.Fatal("lock still held after both Unlocks")
+	}
+}
+
+func TestAcquireWithLostReplyIsUndone(t *testing.T) {
+	ctx := ctxT(t)
+	raw := redistest.Client(t)
+	scripts.Acquire.Load(ctx, raw)
+	c, _ := clientDropping(t, scripts.Acquire.Hash(), 1)
+	name := redistest.Name(t)
+	if _, err := c.Mutex(name).TryLock(ctx); err == nil || errors.Is(err, dlock.ErrNotObtained) {
+		t.Fatalf("TryLock with a lost reply = %v, want the transport error", err)
+	}
+	// The acquire ran in Redis with a 30s TTL; only the background clean-up can free it soon.
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	other := dlock.New(raw)
+	defer other.Close(ctx)
+	l, err := other.Mutex(name).Lock(wctx)
+	if err != nil {
+		t.Fatalf("lock left held after an acquire whose reply was lost: %v", err)
+	}
+	_ = l.Unlock(ctx)
+}

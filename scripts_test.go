@@ -1,0 +1,161 @@
+package dlock_test
+
+import (
+	"errors"
+	"strconv"
+	"testing"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/redistest"
+	"github.com/dlock-go/dlock/internal/scripts"
+	"github.com/redis/go-redis/v9"
+)
+
+// Script-level edge cases, run directly against Redis.
+
+type lockNames struct{ lock, fence, log, channel string }
+
+func names(t *testing.T) lockNames {
+	base := "dlock:{" + redistest.Name(t) + "}"
+	return lockNames{base, base + ":fence", base + ":log", base + ":released"}
+}
+
+func acquire(t *testing.T, rdb *redis.Client, k lockNames, owner, holdID string) []int64 {
+	t.Helper()
+	res, err := scripts.Acquire.Run(ctxT(t), rdb, []string{k.lock, k.fence, k.log}, owner, 30000, holdID, 60000).Int64Slice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+func release(t *testing.T, rdb *redis.Client, k lockNames, owner, holdID string, onlyIfAcquired bool) int64 {
+	t.Helper()
+	n, err := scripts.Release.Run(ctxT(t), rdb, []string{k.lock, k.log}, owner, holdID, 60000, k.channel, onlyIfAcquired).Int64()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestAcquireRetryIsNotCountedTwice(t *testing.T) {
+	rdb := redistest.Client(t)
+	k := names(t)
+	first := acquire(t, rdb, k, "A", "h1")
+	again := acquire(t, rdb, k, "A", "h1") // the same call resent after a lost reply
+	if first[0] != 1 || again[0] != 1 || again[1] != first[1] {
+		t.Fatalf("acquire then its retry = %v, %v: want both held with one token", first, again)
+	}
+	if n, _ := rdb.HGet(ctxT(t), k.lock, "A").Int(); n != 1 {
+		t.Fatalf("hold count after a retried acquire = %d, want 1", n)
+	}
+	reentry := acquire(t, rdb, k, "A", "h2")
+	if reentry[2] != 2 || reentry[1] != first[1] {
+		t.Fatalf("re-entry = %v, want count 2 and token %d", reentry, first[1])
+	}
+}
+
+func TestReleaseRetryIsAppliedOnce(t *testing.T) {
+	rdb := redistest.Client(t)
+	k := names(t)
+	acquire(t, rdb, k, "A", "h1")
+	acquire(t, rdb, k, "A", "h2")
+	if n := release(t, rdb, k, "A", "h2", false); n != 1 {
+		t.Fatalf("release of the inner hold = %d, want 1", n)
+	}
+	if n := release(t, rdb, k, "A", "h2", false); n != 1 {
+		t.Fatalf("retried release = %d, want 1 (already applied)", n)
+	}
+	if n, _ := rdb.HGet(ctxT(t), k.lock, "A").Int(); n != 1 {
+		t.Fatalf("hold count after a retried release = %d, want 1: the outer hold was dropped", n)
+	}
+	if n := release(t, rdb, k, "A", "h1", false); n != 2 {
+		t.Fatalf("last release = %d, want 2 (freed)", n)
+	}
+	if n := release(t, rdb, k, "A", "h1", false); n != 1 {
+		t.Fatalf("retry of the freeing release = %d, want 1, not 'not held'", n)
+	}
+	if n := release(t, rdb, k, "B", "x", false); n != 0 {
+		t.Fatalf("release by a non-owner = %d, want 0", n)
+	}
+}
+
+func TestReleaseIfAcquiredSparesOtherHolds(t *testing.T) {
+	rdb := redistest.Client(t)
+	k := names(t)
+	acquire(t, rdb, k, "A", "h1")
+	// An acquire "h2" whose reply was lost never reached Redis: its clean-up must not drop h1.
+	if n := release(t, rdb, k, "A", "h2", true); n != 0 {
+		t.Fatalf("clean-up of an unapplied acquire = %d, want 0", n)
+	}
+	if n, _ := rdb.HGet(ctxT(t), k.lock, "A").Int(); n != 1 {
+		t.Fatalf("hold count = %d, want 1", n)
+	}
+	if n := release(t, rdb, k, "A", "h1", true); n != 2 {
+		t.Fatalf("clean-up of an applied acquire = %d, want 2", n)
+	}
+}
+
+func TestAcquireOnKeyWithoutTTLReportsIt(t *testing.T) {
+	rdb := redistest.Client(t)
+	k := names(t)
+	rdb.HSet(ctxT(t), k.lock, "someone", 1) // set by hand, no TTL
+	if res := acquire(t, rdb, k, "A", "h1"); res[0] != 0 || res[1] != -1 {
+		t.Fatalf("acquire on a key without TTL = %v, want [0 -1]", res)
+	}
+}
+
+func TestWrongTypeKeyIsAnErrorNotAPanic(t *testing.T) {
+	c, rdb := newClient(t)
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	rdb.Set(ctx, lockKey(name), "not a hash", 0)
+	_, err := c.Mutex(name).TryLock(ctx)
+	if err == nil || errors.Is(err, dlock.ErrNotObtained) {
+		t.Fatalf("TryLock on a string key = %v, want the WRONGTYPE error", err)
+	}
+	var rerr redis.Error
+	if !errors.As(err, &rerr) {
+		t.Fatalf("TryLock on a string key = %v, want a Redis reply error", err)
+	}
+}
+
+func TestExtendByNonOwnerChangesNothing(t *testing.T) {
+	rdb := redistest.Client(t)
+	k := names(t)
+	acquire(t, rdb, k, "A", "h1")
+	n, err := scripts.Extend.Run(ctxT(t), rdb, []string{k.lock}, "B", 5).Int()
+	if err != nil || n != 0 {
+		t.Fatalf("extend by non-owner = %d, %v; want 0", n, err)
+	}
+	if ttl := rdb.PTTL(ctxT(t), k.lock).Val(); ttl.Milliseconds() < 1000 {
+		t.Fatalf("non-owner extend changed PTTL to %v", ttl)
+	}
+}
+
+func TestFencedSetComparesLargeTokensExactly(t *testing.T) {
+	rdb := redistest.Client(t)
+	ctx := ctxT(t)
+	key := redistest.Name(t)
+	big := uint64(1)<<60 + 1 // beyond float64's exact integers
+	steps := []struct {
+		token uint64
+		ok    bool
+	}{{9, true}, {10, true}, {9, false}, {10, true}, {big, true}, {big - 1, false}, {big, true}, {11, false}}
+	for i, s := range steps {
+		err := dlock.FencedSet(ctx, rdb, key, "v"+strconv.Itoa(i), s.token)
+		if s.ok != (err == nil) {
+			t.Fatalf("step %d: FencedSet(token %d) = %v, want ok=%v", i, s.token, err, s.ok)
+		}
+		if !s.ok && !errors.Is(err, dlock.ErrStaleToken) {
+			t.Fatalf("step %d: rejection %v does not match ErrStaleToken", i, err)
+		}
+	}
+	v, tok, err := dlock.FencedGet(ctx, rdb, key)
+	if err != nil || v != "v6" || tok != big {
+		t.Fatalf("FencedGet = %q, %d, %v; want v6, %d", v, tok, err, big)
+	}
+	if v, tok, err := dlock.FencedGet(ctx, rdb, key+"-missing"); err != nil || v != "" || tok != 0 {
+		t.Fatalf("FencedGet of a missing resource = %q, %d, %v", v, tok, err)
+	}
+}
