@@ -33,7 +33,7 @@ type Client struct {
 
 	mu        sync.Mutex
 	closed    bool
-	renewing  bool // the renewer goroutine was started
+	renewing  bool                 // the renewer goroutine was started
 	notifiers map[string]*notifier // by node address
 	leases    map[*Lease]struct{}
 }

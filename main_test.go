@@ -15,7 +15,8 @@ func TestMain(m *testing.M) {
 	if role := os.Getenv(childRoleEnv); role != "" {
 		os.Exit(runChild(role))
 	}
-	os.Exit(redistest.Main(m))
+	// Examples connect through REDIS_URL, as a program would; point it at the shared server.
+	os.Exit(redistest.Main(m, func(s *redistest.Server) { os.Setenv("REDIS_URL", s.URL()) }))
 }
 
 // newClient returns a dlock Client on the shared server, closed at cleanup, and a raw client

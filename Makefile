@@ -1,0 +1,27 @@
+# dlock: `make demo` and `make test` do all set-up on a fresh Debian machine with Go.
+GO ?= go
+
+.PHONY: demo test build redis-server clean
+
+# redis-server is needed by the tests and by the demo's throwaway server.
+redis-server:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  echo "redis-server missing: installing it with apt-get"; \
+	  SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq redis-server >/dev/null; }
+
+build:
+	$(GO) build -o bin/dlock ./cmd/dlock
+
+# The seeds' scenarios, without and with a lock, against a throwaway redis-server
+# (or $$REDIS_URL when set).
+demo: build
+	@[ -n "$$REDIS_URL" ] || $(MAKE) --no-print-directory redis-server
+	./bin/dlock demo
+
+test: redis-server
+	$(GO) vet ./...
+	$(GO) test -race -count=1 ./...
+
+clean:
+	rm -rf bin

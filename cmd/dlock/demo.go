@@ -1,0 +1,170 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// A scenario is one of the seeds' stories, replayed by worker processes first without a lock
+// and then with dlock.
+type scenario struct {
+	name, title string
+	procs       int // worker processes
+	perProc     int // concurrent actors per process
+	setup       func(ctx context.Context, rdb *redis.Client, keys demoKeys) error
+	act         func(ctx context.Context, w *worker, actor string) error // one actor, in a worker
+	outcome     func(ctx context.Context, rdb *redis.Client, keys demoKeys) (outcome, error)
+}
+
+// outcome is one row of the demo table.
+type outcome struct {
+	cells []string // values for the scenario's columns
+	exact bool
+	text  string
+}
+
+// demoKeys names the keys of one run, under a prefix unique to it, so runs never meet.
+type demoKeys string
+
+func (k demoKeys) key(name string) string { return string(k) + name }
+
+var scenarios = map[string]*scenario{"tickets": ticketScenario}
+
+const scenarioOrder = "tickets"
+
+func runDemo(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("dlock demo", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	redisURL := fs.String("redis", "", "Redis URL (default $REDIS_URL, else a throwaway redis-server)")
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: dlock demo [--redis URL] [%s|all]\n\nReplays a seed scenario across OS processes, first without a lock, then with dlock.\n\n", strings.ReplaceAll(scenarioOrder, " ", "|"))
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return usageError{err.Error(), "run 'dlock demo -h'"}
+	}
+	names := strings.Fields(scenarioOrder)
+	if fs.NArg() > 1 {
+		return usageError{"demo takes at most one scenario", "run 'dlock demo -h'"}
+	}
+	if fs.NArg() == 1 && fs.Arg(0) != "all" {
+		if scenarios[fs.Arg(0)] == nil {
+			return usageError{fmt.Sprintf("unknown demo scenario %q", fs.Arg(0)), "choose one of: " + scenarioOrder + ", all"}
+		}
+		names = []string{fs.Arg(0)}
+	}
+	conn, err := connect(*redisURL, true)
+	if err != nil {
+		return err
+	}
+	defer conn.close()
+	if conn.server != nil {
+		fmt.Fprintf(stdout, "Started a throwaway redis-server at %s (removed on exit; set REDIS_URL to use your own).\n\n", conn.url)
+	}
+	failed := 0
+	for _, name := range names {
+		ok, err := playScenario(scenarios[name], conn, stdout)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			failed++
+		}
+	}
+	if failed > 0 {
+		return fmt.Errorf("%d locked run(s) were not exact", failed)
+	}
+	return nil
+}
+
+// playScenario runs s without and with the lock and prints the table. It reports whether the
+// locked run was exact.
+func playScenario(s *scenario, conn *connection, stdout io.Writer) (bool, error) {
+	fmt.Fprintf(stdout, "%s\n\n", s.title)
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprint(tw, "  "+s.header())
+	rdb := conn.client()
+	defer rdb.Close()
+	exact := false
+	for _, locked := range []bool{false, true} {
+		o, err := runOnce(s, conn, rdb, locked)
+		if err != nil {
+			return false, err
+		}
+		label := "no lock"
+		if locked {
+			label, exact = "with dlock", o.exact
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%s\n", label, strings.Join(o.cells, "\t"), o.text)
+	}
+	tw.Flush()
+	fmt.Fprintln(stdout)
+	return exact, nil
+}
+
+func (s *scenario) header() string {
+	switch s.name {
+	case "tickets":
+		return "run\tsold\trefused\ttickets left\tresult\n"
+	}
+	return ""
+}
+
+// runOnce starts the worker processes for one run and collects the outcome.
+func runOnce(s *scenario, conn *connection, rdb *redis.Client, locked bool) (outcome, error) {
+	ctx := context.Background()
+	keys := demoKeys(fmt.Sprintf("dlock-demo:%s:%d:", s.name, time.Now().UnixNano()))
+	if err := s.setup(ctx, rdb, keys); err != nil {
+		return outcome{}, fmt.Errorf("demo %s: set-up: %w", s.name, err)
+	}
+	defer cleanup(rdb, keys)
+	exe, err := os.Executable()
+	if err != nil {
+		return outcome{}, err
+	}
+	// All workers start at the same instant, so unlocked actors really overlap.
+	start := time.Now().Add(300 * time.Millisecond).UnixNano()
+	var wg sync.WaitGroup
+	errs := make([]error, s.procs)
+	for p := 0; p < s.procs; p++ {
+		cmd := exec.Command(exe, workerCommand,
+			"--redis", conn.url, "--scenario", s.name, "--keys", string(keys),
+			"--locked="+strconv.FormatBool(locked), "--actors", strconv.Itoa(s.perProc),
+			"--proc", strconv.Itoa(p), "--start", strconv.FormatInt(start, 10))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if out, err := cmd.CombinedOutput(); err != nil {
+				errs[p] = fmt.Errorf("worker %d: %v: %s", p, err, strings.TrimSpace(string(out)))
+			}
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return outcome{}, fmt.Errorf("demo %s: %w", s.name, err)
+	}
+	return s.outcome(ctx, rdb, keys)
+}
+
+func cleanup(rdb *redis.Client, keys demoKeys) {
+	ctx := context.Background()
+	iter := rdb.Scan(ctx, 0, string(keys)+"*", 100).Iterator()
+	for iter.Next(ctx) {
+		rdb.Del(ctx, iter.Val())
+	}
+}
