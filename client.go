@@ -28,8 +28,9 @@ type Client struct {
 	seq   atomic.Uint64
 	renew *renewer
 
-	closing chan struct{} // closed by Close
-	wg      sync.WaitGroup
+	bg   context.Context // background work's context, cancelled by Close
+	stop context.CancelFunc
+	wg   sync.WaitGroup
 
 	mu        sync.Mutex
 	closed    bool
@@ -47,11 +48,11 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	c := &Client{
 		rdb:       rdb,
 		cfg:       config{}.apply(opts),
-		closing:   make(chan struct{}),
 		notifiers: make(map[string]*notifier),
 		leases:    make(map[*Lease]struct{}),
 		nonce:     randomHex(8),
 	}
+	c.bg, c.stop = context.WithCancel(context.Background())
 	c.err = c.cfg.validate()
 	if rdb == nil {
 		c.err = fmt.Errorf("%w: nil Redis client", ErrInvalid)
@@ -71,7 +72,7 @@ func (c *Client) Close(ctx context.Context) error {
 		return nil
 	}
 	c.closed = true
-	close(c.closing)
+	c.stop()
 	held := make([]*Lease, 0, len(c.leases))
 	for l := range c.leases {
 		held = append(held, l)
@@ -105,7 +106,7 @@ func (c *Client) Close(ctx context.Context) error {
 
 func (c *Client) checkOpen() error {
 	select {
-	case <-c.closing:
+	case <-c.bg.Done():
 		return ErrClosed
 	default:
 		return nil
@@ -126,7 +127,7 @@ func (c *Client) track(ctx context.Context, l *Lease, sent time.Time) error {
 		c.wg.Add(1)
 		go func() {
 			defer c.wg.Done()
-			c.renew.run(c.closing)
+			c.renew.run(c.bg)
 		}()
 	}
 	c.mu.Unlock()

@@ -188,7 +188,6 @@ func (l *Lease) lose(cause error) {
 	held := l.state == leaseHeld
 	l.mu.Unlock()
 	if held {
-		l.m.c.renew.remove(l)
 		l.finish(leaseLost(l.m.name, cause), false)
 	}
 }
@@ -214,6 +213,8 @@ func (l *Lease) finish(err error, unlocked bool) {
 	n := l.notif
 	l.mu.Unlock()
 	close(l.done)
+	// After the state change, so a renewal in flight cannot queue the lease again.
+	l.m.c.renew.remove(l)
 	if n != nil {
 		n.unwatch(l.m.keys.lock, l)
 	}

@@ -91,7 +91,7 @@ func (m *Mutex) Lock(ctx context.Context) (*Lease, error) {
 		select {
 		case <-ctx.Done():
 			return nil, errors.Join(fmt.Errorf("%w: %q", ErrNotObtained, m.name), ctx.Err())
-		case <-m.c.closing:
+		case <-m.c.bg.Done():
 			return nil, fmt.Errorf("%w: lock %q", ErrClosed, m.name)
 		case <-wake:
 		case <-timer.C:

@@ -75,7 +75,7 @@ func (r *renewer) poke() {
 	}
 }
 
-func (r *renewer) run(stop <-chan struct{}) {
+func (r *renewer) run(ctx context.Context) {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
@@ -87,14 +87,14 @@ func (r *renewer) run(stop <-chan struct{}) {
 		r.mu.Unlock()
 		timer.Reset(wait)
 		select {
-		case <-stop:
+		case <-ctx.Done():
 			return
 		case <-r.kick:
 			continue
 		case <-timer.C:
 		}
 		if due := r.popDue(); len(due) > 0 {
-			r.renewBatch(due)
+			r.renewBatch(ctx, due)
 		}
 	}
 }
@@ -111,7 +111,7 @@ func (r *renewer) popDue() []*Lease {
 }
 
 // renewBatch extends every lease in due with one pipelined round trip.
-func (r *renewer) renewBatch(due []*Lease) {
+func (r *renewer) renewBatch(ctx context.Context, due []*Lease) {
 	ttls := make([]time.Duration, len(due))
 	timeout := time.Duration(1<<63 - 1)
 	for i, l := range due {
@@ -120,7 +120,7 @@ func (r *renewer) renewBatch(due []*Lease) {
 		l.mu.Unlock()
 		timeout = min(timeout, max(ttls[i]/3, minRenewTimeout))
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	rdb := r.c.rdb
 	sent := time.Now()

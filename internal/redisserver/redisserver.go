@@ -9,8 +9,10 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"math/rand/v2"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -35,6 +37,9 @@ type Server struct {
 // Config changes how a Server starts.
 type Config struct {
 	TCP  bool     // listen on a free loopback port instead of a unix socket
+	// Cluster starts a one-node Redis Cluster owning all 16384 slots (implies TCP), so
+	// cluster-mode code paths (ClusterClient, slot routing, hash tags) run for real.
+	Cluster bool
 	Args []string // extra redis-server arguments, e.g. "--appendonly", "yes"
 }
 
@@ -52,8 +57,8 @@ func Start(cfg Config) (*Server, error) {
 	s := &Server{dir: dir}
 	args := []string{"--save", "", "--appendonly", "no", "--dir", dir, "--daemonize", "no",
 		"--logfile", filepath.Join(dir, "redis.log")}
-	if cfg.TCP {
-		port, err := freePort()
+	if cfg.TCP || cfg.Cluster {
+		port, err := freePort(cfg.Cluster)
 		if err != nil {
 			return nil, err
 		}
@@ -63,10 +68,19 @@ func Start(cfg Config) (*Server, error) {
 		s.Network, s.Addr = "unix", filepath.Join(dir, "redis.sock")
 		args = append(args, "--port", "0", "--unixsocket", s.Addr, "--unixsocketperm", "700")
 	}
+	if cfg.Cluster {
+		args = append(args, "--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(dir, "nodes.conf"))
+	}
 	s.args = append(append([]string{bin}, args...), cfg.Args...)
 	if err := s.start(); err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, err
+	}
+	if cfg.Cluster {
+		if err := s.claimAllSlots(); err != nil {
+			s.Stop()
+			return nil, err
+		}
 	}
 	return s, nil
 }
@@ -138,8 +152,10 @@ func (s *Server) signal(sig syscall.Signal) {
 	}
 }
 
-// Pause freezes the server with SIGSTOP; Resume continues it.
-func (s *Server) Pause()  { s.signal(syscall.SIGSTOP) }
+// Pause freezes the server with SIGSTOP.
+func (s *Server) Pause() { s.signal(syscall.SIGSTOP) }
+
+// Resume continues a paused server with SIGCONT.
 func (s *Server) Resume() { s.signal(syscall.SIGCONT) }
 
 // Stop kills the server and removes its directory.
@@ -148,11 +164,51 @@ func (s *Server) Stop() {
 	_ = os.RemoveAll(s.dir)
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+// freePort finds a free loopback port; for a cluster node, one whose bus port (+10000) is
+// free too.
+func freePort(cluster bool) (int, error) {
+	if !cluster {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, err
+		}
+		defer l.Close()
+		return l.Addr().(*net.TCPAddr).Port, nil
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	for try := 0; try < 100; try++ {
+		port := 20000 + rand.IntN(30000)
+		a, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
+		if err != nil {
+			continue
+		}
+		b, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port+10000))
+		a.Close()
+		if err != nil {
+			continue
+		}
+		b.Close()
+		return port, nil
+	}
+	return 0, fmt.Errorf("redisserver: no free port pair for a cluster node")
+}
+
+// claimAllSlots makes a fresh cluster node own every slot and waits for cluster_state:ok.
+func (s *Server) claimAllSlots() error {
+	ctx := context.Background()
+	c := s.Client()
+	defer c.Close()
+	if err := c.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", 0, 16383).Err(); err != nil {
+		return fmt.Errorf("redisserver: claim slots: %w", err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		info, err := c.ClusterInfo(ctx).Result()
+		if err == nil && strings.Contains(info, "cluster_state:ok") {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("redisserver: cluster not ok after 10s: %v %s", err, info)
+		}
+		time.Sleep(20 * time.Millisecond) // polling a starting cluster: no event to wait on
+	}
 }
