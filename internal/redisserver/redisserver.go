@@ -6,10 +6,10 @@ package redisserver
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
-	"math/rand/v2"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -36,11 +36,11 @@ type Server struct {
 
 // Config changes how a Server starts.
 type Config struct {
-	TCP  bool     // listen on a free loopback port instead of a unix socket
+	TCP bool // listen on a free loopback port instead of a unix socket
 	// Cluster starts a one-node Redis Cluster owning all 16384 slots (implies TCP), so
 	// cluster-mode code paths (ClusterClient, slot routing, hash tags) run for real.
 	Cluster bool
-	Args []string // extra redis-server arguments, e.g. "--appendonly", "yes"
+	Args    []string // extra redis-server arguments, e.g. "--appendonly", "yes"
 }
 
 // Start launches a redis-server and waits until it answers PING. The process dies with the
