@@ -21,12 +21,14 @@ const abandonTimeout = 5 * time.Second
 // per Redis node for release wake-ups and lease-loss pushes. Create one per process and
 // share it; it is safe for concurrent use. Close it to stop that work.
 type Client struct {
-	rdb   redis.UniversalClient
-	cfg   config
-	err   error  // invalid client options, reported by every Lock and TryLock
-	nonce string // random per Client, so hold ids never repeat across processes
-	seq   atomic.Uint64
-	renew *renewer
+	rdb        redis.UniversalClient
+	cfg        config
+	err        error  // invalid client options, reported by every Lock and TryLock
+	id         string // the owner id of this Client's cohorts (128-bit random)
+	nonce      string // random per Client, so hold ids never repeat across processes
+	seq        atomic.Uint64
+	renew      *renewer
+	publishCmd string // PUBLISH, or SPUBLISH on Redis Cluster
 
 	bg   context.Context // background work's context, cancelled by Close
 	stop context.CancelFunc
@@ -36,7 +38,8 @@ type Client struct {
 	closed    bool
 	renewing  bool                 // the renewer goroutine was started
 	notifiers map[string]*notifier // by node address
-	leases    map[*Lease]struct{}
+	holds     map[*hold]struct{}
+	cohorts   map[string]*cohort // by lock key
 }
 
 // New returns a Client over rdb: a *redis.Client (standalone or failover/Sentinel) or a
@@ -49,8 +52,14 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 		rdb:       rdb,
 		cfg:       config{}.apply(opts),
 		notifiers: make(map[string]*notifier),
-		leases:    make(map[*Lease]struct{}),
+		holds:     make(map[*hold]struct{}),
+		cohorts:   make(map[string]*cohort),
+		id:        newOwnerID(),
 		nonce:     randomHex(8),
+	}
+	c.publishCmd = "PUBLISH"
+	if _, ok := rdb.(*redis.ClusterClient); ok {
+		c.publishCmd = "SPUBLISH" // one shard, not the whole cluster bus
 	}
 	c.bg, c.stop = context.WithCancel(context.Background())
 	c.err = c.cfg.validate()
@@ -73,29 +82,23 @@ func (c *Client) Close(ctx context.Context) error {
 	}
 	c.closed = true
 	c.stop()
-	held := make([]*Lease, 0, len(c.leases))
-	for l := range c.leases {
-		held = append(held, l)
+	held := make([]*hold, 0, len(c.holds))
+	for h := range c.holds {
+		held = append(held, h)
 	}
 	nots := c.notifiers
 	c.notifiers = nil
 	c.mu.Unlock()
 
 	var first error
-	for _, l := range held {
-		l.mu.Lock()
-		owned := l.state == leaseHeld
-		if owned {
-			l.state = leaseReleasing
-		}
-		l.mu.Unlock()
-		if !owned {
+	for _, h := range held {
+		if !h.beginRelease() {
 			continue
 		}
-		if _, err := l.release(ctx); err != nil && first == nil {
-			first = fmt.Errorf("dlock: close: release %q: %w", l.m.name, err)
+		if _, err := h.release(ctx); err != nil && first == nil {
+			first = fmt.Errorf("dlock: close: release %q: %w", h.name, err)
 		}
-		l.finish(ErrClosed, true)
+		h.end(ErrClosed, true)
 	}
 	c.wg.Wait()
 	for _, n := range nots {
@@ -113,15 +116,15 @@ func (c *Client) checkOpen() error {
 	}
 }
 
-// track registers a fresh lease: safe-deadline timer, renewal, loss push. It fails with
+// track registers a fresh hold: safe-deadline timer, renewal, loss push. It fails with
 // ErrClosed when the Client closed meanwhile.
-func (c *Client) track(ctx context.Context, l *Lease, sent time.Time) error {
+func (c *Client) track(ctx context.Context, l *hold, sent time.Time) error {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
 		return ErrClosed
 	}
-	c.leases[l] = struct{}{}
+	c.holds[l] = struct{}{}
 	if !c.renewing { // the renewer starts with the first lease, so an unused Client costs nothing
 		c.renewing = true
 		c.wg.Add(1)
@@ -132,35 +135,35 @@ func (c *Client) track(ctx context.Context, l *Lease, sent time.Time) error {
 	}
 	c.mu.Unlock()
 
-	n := c.notifierFor(ctx, l.m.keys.lock)
+	n := c.notifierFor(ctx, l.keys.lock)
 	l.mu.Lock()
 	l.notif = n
 	l.mu.Unlock()
 	if n != nil {
-		n.watch(l.m.keys.lock, l)
+		n.watch(l.keys.lock, l)
 	}
 	l.mu.Lock()
-	held := l.state == leaseHeld // a pushed loss or Close may have ended it already
+	held := l.state == holdHeld // a pushed loss or Close may have ended it already
 	if held {
 		l.setDeadlineLocked(sent)
 	}
 	l.mu.Unlock()
 	if !held {
 		if n != nil {
-			n.unwatch(l.m.keys.lock, l)
+			n.unwatch(l.keys.lock, l)
 		}
 		return nil
 	}
-	if !l.m.cfg.fixedLease {
+	if !l.cfg.fixedLease {
 		c.renew.add(l, sent)
 	}
 	return nil
 }
 
-// forget drops an ended lease from the Client.
-func (c *Client) forget(l *Lease) {
+// forget drops an ended hold from the Client.
+func (c *Client) forget(h *hold) {
 	c.mu.Lock()
-	delete(c.leases, l)
+	delete(c.holds, h)
 	c.mu.Unlock()
 }
 
@@ -188,22 +191,10 @@ func (c *Client) notifierFor(ctx context.Context, key string) *notifier {
 	}
 	n := c.notifiers[addr]
 	if n == nil {
-		n = newNotifier(node)
+		n = newNotifier(node, c.publishCmd == "SPUBLISH")
 		c.notifiers[addr] = n
 	}
 	return n
-}
-
-// abandon undoes, in the background, an acquire whose reply was lost, if Redis applied it.
-func (c *Client) abandon(m *Mutex, holdID string) {
-	c.wg.Add(1)
-	go func() {
-		defer c.wg.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), abandonTimeout)
-		defer cancel()
-		l := &Lease{m: m, holdID: holdID}
-		_, _ = l.releaseIfAcquired(ctx)
-	}()
 }
 
 // nextHoldID returns an id unique to one Lock/TryLock call across all processes.

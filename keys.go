@@ -6,7 +6,9 @@ type keys struct {
 	lock    string // hash {owner: holdCount} with the lease TTL
 	fence   string // fencing counter, INCR'd on each fresh acquisition; never expires
 	opLog   string // last acquire/release id per owner, so retried calls are not applied twice
-	channel string // pub/sub channel the release script publishes on
+	queue   string // list of waiting owners, first come first served
+	live    string // hash {waiting owner: liveness deadline}, so dead waiters are skipped
+	channel string // pub/sub channel for grants ("g <owner>") and releases ("r")
 }
 
 func lockKeys(prefix, name string) keys {
@@ -15,6 +17,8 @@ func lockKeys(prefix, name string) keys {
 		lock:    base,
 		fence:   base + ":fence",
 		opLog:   base + ":log",
+		queue:   base + ":queue",
+		live:    base + ":live",
 		channel: base + ":released",
 	}
 }

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"sync"
 	"time"
-
-	"github.com/dlock-go/dlock/internal/scripts"
 )
 
 type leaseState int
@@ -24,37 +22,39 @@ const (
 // from then on another owner may hold the lock. Resources that must never see a stale holder
 // should also check Token (see FencedSet).
 type Lease struct {
-	m      *Mutex
-	token  uint64
-	holdID string
-	notif  *notifier // nil when the server gives no push notifications
-	done   chan struct{}
-	// tracked is closed once a tracked read confirmed the hold, so a later change of the key
-	// is pushed (tests wait on it before tampering with the key).
-	tracked     chan struct{}
-	trackedOnce sync.Once
+	m     *Mutex
+	h     *hold   // the Redis-level hold behind this lease
+	co    *cohort // non-nil when h is the Client's hold shared by a run of local leases
+	token uint64
+	done  chan struct{}
 
-	mu           sync.Mutex
-	state        leaseState
-	err          error
-	ttl          time.Duration
-	deadline     time.Time   // monotonic: when the lease counts as lost without a renewal
-	deadlineFrom time.Time   // send time of the acquire/renewal/extend that set deadline
-	timer        *time.Timer // fires at deadline
-	heapIdx      int         // position in the renewer's heap, -1 when not scheduled (renewer.mu)
-	renewAt      time.Time   // next renewal (renewer.mu)
-	unlocked     bool        // Unlock reached Redis (or found the lease lost)
+	mu       sync.Mutex
+	state    leaseState
+	err      error
+	unlocked bool // Unlock reached Redis (or found the lease lost)
+}
+
+// newLease returns a held lease on h. A plain lease (co nil) ends with its hold.
+func newLease(m *Mutex, h *hold, co *cohort, token uint64) *Lease {
+	l := &Lease{m: m, h: h, co: co, token: token, done: make(chan struct{})}
+	if co == nil {
+		if ended, err := h.setOnEnd(func(err error) { l.finish(err, false) }); ended {
+			l.finish(err, false)
+		}
+	}
+	return l
 }
 
 // Token returns the lease's fencing token. Tokens of one lock strictly increase with every
-// fresh acquisition, whoever the owner; re-entrant holds share their outer hold's token.
-// Pass it to the protected resource so it can refuse writes from an older holder.
+// acquisition, whoever the owner and whichever process; re-entrant holds share their outer
+// hold's token. Pass it to the protected resource so it can refuse writes from an older
+// holder.
 func (l *Lease) Token() uint64 { return l.token }
 
 // Name returns the name of the lock this lease holds.
 func (l *Lease) Name() string { return l.m.name }
 
-// Owner returns the owner id the lease was taken with.
+// Owner returns the owner id of the handle the lease was taken with.
 func (l *Lease) Owner() string { return l.m.owner }
 
 // Done returns a channel that is closed when the lease ends: released by Unlock, lost, or
@@ -73,9 +73,9 @@ func (l *Lease) Err() error {
 
 // TTL returns the lease's current TTL: the one it was acquired with or last extended to.
 func (l *Lease) TTL() time.Duration {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.ttl
+	l.h.mu.Lock()
+	defer l.h.mu.Unlock()
+	return l.h.ttl
 }
 
 // Extend sets the lock's TTL in Redis to ttl from now, if the lease is still held; later
@@ -90,28 +90,17 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if err := l.heldErr(); err != nil {
 		return err
 	}
-	k := l.m.keys
-	sent := time.Now()
-	n, err := scripts.Extend.Run(ctx, l.m.c.rdb, []string{k.lock}, l.m.owner, ttl.Milliseconds()).Int()
-	if err != nil {
-		return fmt.Errorf("dlock: extend %q: %w", l.m.name, err)
+	if err := l.h.extend(ctx, ttl); err != nil {
+		if herr := l.heldErr(); herr != nil {
+			return herr
+		}
+		return err
 	}
-	if n == 0 {
-		l.lose(errRenewRefused)
-		return l.heldErr()
-	}
-	l.mu.Lock()
-	if l.state == leaseHeld {
-		l.ttl = ttl
-		l.setDeadlineLocked(sent)
-	}
-	l.mu.Unlock()
-	l.m.c.renew.reschedule(l, sent)
 	return l.heldErr()
 }
 
-// Unlock releases this hold. When it was the owner's last hold the lock is deleted and waiters
-// are woken; otherwise the lock stays held by the owner's remaining holds.
+// Unlock releases this hold. When it was the owner's last hold the lock goes to the next
+// waiter (in this process first, within a bounded batch, then in Redis's queue) or is freed.
 //
 // Unlock returns an error matching ErrNotHeld when the lease had already been lost (the error
 // also matches ErrLeaseLost) or was already unlocked. If Redis cannot be reached, Unlock returns
@@ -132,35 +121,35 @@ func (l *Lease) Unlock(ctx context.Context) error {
 		return fmt.Errorf("%w: %q: already unlocked", ErrNotHeld, l.m.name)
 	case lostErr != nil:
 		return fmt.Errorf("%w: %w", ErrNotHeld, lostErr)
-	case state == leaseHeld:
-		l.m.c.renew.remove(l)
 	}
-	// Here the lease is releasing, or ended locally by an earlier Unlock whose release failed.
+	if l.co != nil && state == leaseHeld {
+		return l.co.unlock(ctx, l)
+	}
+	if state == leaseHeld && !l.h.beginRelease() {
+		return l.heldErr() // lost while we got here
+	}
+	// Here the hold is releasing, or was ended locally by an earlier Unlock whose release
+	// failed: the script is idempotent, so run it (again).
+	return l.finishRelease(ctx, l.h)
+}
 
-	n, err := l.release(ctx)
+// finishRelease runs h's release script and ends h and the lease according to its answer.
+func (l *Lease) finishRelease(ctx context.Context, h *hold) error {
+	n, err := h.release(ctx)
 	if err != nil {
+		h.end(nil, false)
 		l.finish(nil, false) // ended locally; a later Unlock retries the release
 		return fmt.Errorf("dlock: unlock %q: %w (the lock expires within its TTL if the release did not reach Redis)", l.m.name, err)
 	}
 	if n == 0 {
-		l.finish(leaseLost(l.m.name, errKeyGone), true)
-		return fmt.Errorf("%w: %w", ErrNotHeld, l.Err())
+		lost := leaseLost(l.m.name, errKeyGone)
+		h.end(lost, false)
+		l.finish(lost, true)
+		return fmt.Errorf("%w: %w", ErrNotHeld, lost)
 	}
+	h.end(nil, false)
 	l.finish(nil, true)
 	return nil
-}
-
-// release runs the release script for this hold: 2 freed, 1 one hold dropped (or an earlier
-// attempt already applied), 0 not held.
-func (l *Lease) release(ctx context.Context) (int, error) { return l.runRelease(ctx, false) }
-
-// releaseIfAcquired releases the hold only if its acquire was applied in Redis.
-func (l *Lease) releaseIfAcquired(ctx context.Context) (int, error) { return l.runRelease(ctx, true) }
-
-func (l *Lease) runRelease(ctx context.Context, onlyIfAcquired bool) (int, error) {
-	k := l.m.keys
-	return scripts.Release.Run(ctx, l.m.c.rdb, []string{k.lock, k.opLog},
-		l.m.owner, l.holdID, opLogTTL.Milliseconds(), k.channel, onlyIfAcquired).Int()
 }
 
 // heldErr returns nil while the lease is held, else an error matching ErrNotHeld.
@@ -177,22 +166,7 @@ func (l *Lease) heldErr() error {
 	}
 }
 
-func leaseLost(name string, cause error) error {
-	return fmt.Errorf("%w: %q: %w", ErrLeaseLost, name, cause)
-}
-
-// lose ends a held lease as lost. It is a no-op once Unlock has started: the release script's
-// answer decides then.
-func (l *Lease) lose(cause error) {
-	l.mu.Lock()
-	held := l.state == leaseHeld
-	l.mu.Unlock()
-	if held {
-		l.finish(leaseLost(l.m.name, cause), false)
-	}
-}
-
-// finish ends the lease once: records why, closes Done and detaches it from the Client.
+// finish ends the lease once: records why and closes Done.
 func (l *Lease) finish(err error, unlocked bool) {
 	l.mu.Lock()
 	if unlocked {
@@ -207,49 +181,6 @@ func (l *Lease) finish(err error, unlocked bool) {
 	}
 	l.state = leaseEnded
 	l.err = err
-	if l.timer != nil {
-		l.timer.Stop()
-	}
-	n := l.notif
 	l.mu.Unlock()
 	close(l.done)
-	// After the state change, so a renewal in flight cannot queue the lease again.
-	l.m.c.renew.remove(l)
-	if n != nil {
-		n.unwatch(l.m.keys.lock, l)
-	}
-	l.m.c.forget(l)
-}
-
-// setDeadlineLocked moves the safe deadline to sent + TTL × (1 − drift), measured on the
-// monotonic clock from when the acquire or renewal was sent: Redis started the TTL no earlier
-// than that, so the lease ends locally before it can expire there.
-func (l *Lease) setDeadlineLocked(sent time.Time) {
-	if sent.Before(l.deadlineFrom) {
-		return // a later-sent extend already set it
-	}
-	l.deadlineFrom = sent
-	ttl := l.ttl
-	margin := time.Duration(float64(ttl) * l.m.cfg.driftFactor())
-	l.deadline = sent.Add(ttl - margin)
-	d := time.Until(l.deadline)
-	if l.timer == nil {
-		l.timer = time.AfterFunc(d, l.deadlinePassed)
-	} else {
-		l.timer.Reset(d)
-	}
-}
-
-func (l *Lease) deadlinePassed() {
-	l.mu.Lock()
-	early := time.Now().Before(l.deadline) // a renewal moved the deadline and reset the timer
-	l.mu.Unlock()
-	if early {
-		return
-	}
-	if l.m.cfg.fixedLease {
-		l.lose(errFixedLeaseOver)
-		return
-	}
-	l.lose(errDeadline)
 }

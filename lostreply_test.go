@@ -47,7 +47,7 @@ func clientDropping(t *testing.T, sha string, drops int32) (*dlock.Client, *redi
 	h := &dropReply{sha: sha}
 	h.drops.Store(drops)
 	rdb.AddHook(h)
-	c := dlock.New(rdb)
+	c := dlock.New(rdb, dlock.WithoutCohort()) // every hold is its own Redis hold
 	t.Cleanup(func() { _ = c.Close(context.Background()) })
 	return c, rdb
 }

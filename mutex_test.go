@@ -11,7 +11,7 @@ import (
 )
 
 func TestTryLockExcludesOtherOwners(t *testing.T) {
-	c, rdb := newClient(t)
+	c, rdb := newClient(t, dlock.WithoutCohort())
 	ctx := ctxT(t)
 	name := redistest.Name(t)
 	a, b := c.Mutex(name), c.Mutex(name)
@@ -56,7 +56,7 @@ func TestTryLockExcludesOtherOwners(t *testing.T) {
 }
 
 func TestReentrantHoldsAreCounted(t *testing.T) {
-	c, rdb := newClient(t)
+	c, rdb := newClient(t, dlock.WithoutCohort())
 	ctx := ctxT(t)
 	name := redistest.Name(t)
 	m := c.Mutex(name)

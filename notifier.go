@@ -52,29 +52,31 @@ type notifier struct {
 
 	mu         sync.Mutex
 	chans      map[string]*channelState
-	watched    map[string]map[*Lease]uint64 // lock key -> leases held on it -> watch sequence
+	watched    map[string]map[*hold]uint64 // lock key -> leases held on it -> watch sequence
 	watchSeq   uint64
 	pending    map[string]struct{} // watched keys to re-read
 	recheckAll bool
 	noTracking bool // the server refused CLIENT TRACKING: loss is found by renewal only
+	sharded    bool // Redis Cluster: lock channels are shard channels (SSUBSCRIBE)
 }
 
 type channelState struct {
 	refs      int
 	confirmed bool
-	ready     chan struct{} // closed when SUBSCRIBE is confirmed
-	waiters   map[chan struct{}]struct{}
+	ready     chan struct{}            // closed when SUBSCRIBE is confirmed
+	waiters   map[chan struct{}]string // wake-up channel -> the waiter's owner id
 	idleSince time.Time
 }
 
 // pubsubConnKey marks the context of pub/sub calls so OnConnect knows which connection is new.
 type pubsubConnKey struct{}
 
-func newNotifier(node *redis.Client) *notifier {
+func newNotifier(node *redis.Client, sharded bool) *notifier {
 	n := &notifier{
+		sharded: sharded,
 		kick:    make(chan struct{}, 1),
 		chans:   make(map[string]*channelState),
-		watched: make(map[string]map[*Lease]uint64),
+		watched: make(map[string]map[*hold]uint64),
 		pending: make(map[string]struct{}),
 	}
 	opt := *node.Options()
@@ -140,8 +142,14 @@ func (n *notifier) poke() {
 	}
 }
 
-func wakeAll(cs *channelState) {
-	for w := range cs.waiters {
+func wakeAll(cs *channelState) { wake(cs, "") }
+
+// wake wakes the waiters of owner, or all waiters when owner is "".
+func wake(cs *channelState, owner string) {
+	for w, o := range cs.waiters {
+		if owner != "" && o != owner {
+			continue
+		}
 		select {
 		case w <- struct{}{}:
 		default:
@@ -177,16 +185,22 @@ func (n *notifier) receiveLoop() {
 		}
 		switch m := msg.(type) {
 		case *redis.Subscription:
-			if m.Kind == "subscribe" {
+			if m.Kind == "subscribe" || m.Kind == "ssubscribe" {
 				n.confirm(m.Channel)
 			}
 		case *redis.Message:
 			if m.Channel == invalidateChannel {
 				n.invalidated(m.PayloadSlice)
 			} else {
+				// "g <owner>": a release granted the lock to owner, the only waiter to wake;
+				// "r": freed with nobody queued, so anyone may take it.
+				owner, _ := strings.CutPrefix(m.Payload, "g ")
+				if owner == m.Payload {
+					owner = ""
+				}
 				n.mu.Lock()
 				if cs := n.chans[m.Channel]; cs != nil {
-					wakeAll(cs)
+					wake(cs, owner)
 				}
 				n.mu.Unlock()
 			}
@@ -218,6 +232,13 @@ func (n *notifier) invalidated(keys []string) {
 	}
 }
 
+func (n *notifier) subscribeCmd(channel string) error {
+	if n.sharded {
+		return n.ps.SSubscribe(n.psCtx, channel)
+	}
+	return n.ps.Subscribe(n.psCtx, channel)
+}
+
 // A subscription is one waiter's interest in a release channel.
 type subscription struct {
 	n         *notifier
@@ -229,22 +250,22 @@ type subscription struct {
 // subscribe registers a waiter on channel and returns once Redis confirmed the subscription
 // (or after confirmTimeout or when ctx ends, with confirmed false), so a release published
 // after this returns is never missed while the connection stays up.
-func (n *notifier) subscribe(ctx context.Context, channel string) *subscription {
+func (n *notifier) subscribe(ctx context.Context, channel, owner string) *subscription {
 	s := &subscription{n: n, channel: channel, c: make(chan struct{}, 1)}
 	n.psMu.Lock()
 	n.mu.Lock()
 	cs := n.chans[channel]
 	fresh := cs == nil
 	if fresh {
-		cs = &channelState{ready: make(chan struct{}), waiters: make(map[chan struct{}]struct{})}
+		cs = &channelState{ready: make(chan struct{}), waiters: make(map[chan struct{}]string)}
 		n.chans[channel] = cs
 	}
 	cs.refs++
-	cs.waiters[s.c] = struct{}{}
+	cs.waiters[s.c] = owner
 	ready := cs.ready
 	n.mu.Unlock()
 	if fresh {
-		_ = n.ps.Subscribe(n.psCtx, channel) // a failure shows up as a missing confirmation
+		_ = n.subscribeCmd(channel) // a failure shows up as a missing confirmation
 	}
 	n.psMu.Unlock()
 
@@ -287,16 +308,20 @@ func (n *notifier) unsubscribeIdle() {
 	}
 	n.mu.Unlock()
 	if len(idle) > 0 {
-		_ = n.ps.Unsubscribe(n.psCtx, idle...)
+		if n.sharded {
+			_ = n.ps.SUnsubscribe(n.psCtx, idle...)
+		} else {
+			_ = n.ps.Unsubscribe(n.psCtx, idle...)
+		}
 	}
 }
 
 // watch makes lease's loss detectable by push: its key is read (and tracked) right away.
-func (n *notifier) watch(key string, l *Lease) {
+func (n *notifier) watch(key string, l *hold) {
 	n.mu.Lock()
 	set := n.watched[key]
 	if set == nil {
-		set = make(map[*Lease]uint64)
+		set = make(map[*hold]uint64)
 		n.watched[key] = set
 	}
 	n.watchSeq++
@@ -306,7 +331,7 @@ func (n *notifier) watch(key string, l *Lease) {
 	n.poke()
 }
 
-func (n *notifier) unwatch(key string, l *Lease) {
+func (n *notifier) unwatch(key string, l *hold) {
 	n.mu.Lock()
 	if set := n.watched[key]; set != nil {
 		delete(set, l)
@@ -449,11 +474,11 @@ func (n *notifier) check(trk *redis.Conn) error {
 		return err
 	}
 	type loss struct {
-		l     *Lease
+		l     *hold
 		cause error
 	}
 	var lost []loss
-	var confirmed []*Lease
+	var confirmed []*hold
 	n.mu.Lock()
 	for i, k := range keys {
 		// A reply error (WRONGTYPE) means someone replaced the lock hash with another type.
@@ -462,7 +487,7 @@ func (n *notifier) check(trk *redis.Conn) error {
 			if seq > judgeUpTo {
 				continue
 			}
-			if _, ok := fields[l.m.owner]; ok && ferr == nil {
+			if _, ok := fields[l.owner]; ok && ferr == nil {
 				confirmed = append(confirmed, l)
 				continue
 			}

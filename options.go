@@ -16,12 +16,18 @@ const (
 	// differences between this process and Redis (Redlock's factor).
 	DefaultDrift = 0.01
 
-	minTTL         = time.Millisecond
-	maxNameLen     = 1024
-	maxOwnerLen    = 256
-	maxPrefixLen   = 256
-	opLogTTL       = time.Minute // how long a retried acquire or release is recognised
-	minRenewPeriod = time.Millisecond
+	minTTL       = time.Millisecond
+	maxNameLen   = 1024
+	maxOwnerLen  = 256
+	maxPrefixLen = 256
+	opLogTTL     = time.Minute // how long a retried acquire or release is recognised
+	// A waiter not heard from for livenessWindow is skipped by the FIFO; live waiters refresh
+	// their entry every livenessRefresh. A lock granted to a waiter keeps grantGrace as TTL until
+	// the waiter confirms. Together they bound how long a killed waiter can stall a lock.
+	livenessWindow  = 750 * time.Millisecond
+	livenessRefresh = 250 * time.Millisecond
+	grantGrace      = 500 * time.Millisecond
+	minRenewPeriod  = time.Millisecond
 )
 
 // An Option configures a Client (the default for all its mutexes) or a single Mutex.
@@ -37,6 +43,7 @@ type config struct {
 	ownerSet   bool
 	drift      *float64 // default: DefaultDrift
 	fixedLease bool     // default: false (watchdog renewal on)
+	noCohort   bool     // default: false (cohorting on, unless WithOwner is given)
 }
 
 // WithTTL sets the lease TTL. With renewal on (the default) the lease is renewed every TTL/3
@@ -63,6 +70,11 @@ func WithDrift(f float64) Option { return func(c *config) { c.drift = &f } }
 // WithFixedLease turns the watchdog off: the lease lasts exactly its TTL from the acquire
 // unless Lease.Extend is called, and then ends (Done closes, Err reports ErrLeaseLost).
 func WithFixedLease() Option { return func(c *config) { c.fixedLease = true } }
+
+// WithoutCohort turns cohorting off: every Lock of a handle waits in the lock's Redis queue on
+// its own instead of being handed the lock by the Client's other goroutines. Handles with
+// WithOwner never cohort, since their owner id must reach Redis.
+func WithoutCohort() Option { return func(c *config) { c.noCohort = true } }
 
 func (c config) apply(opts []Option) config {
 	for _, o := range opts {

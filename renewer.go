@@ -17,15 +17,15 @@ const (
 	minRenewTimeout = 10 * time.Millisecond
 )
 
-// renewer is the Client's watchdog: one goroutine that renews every lease at TTL/3, batching
+// renewer is the Client's watchdog: one goroutine that renews every hold at TTL/3, batching
 // the leases due together into one pipeline instead of running a goroutine per lock. A refused
 // renewal ends the lease as lost; a failed one is retried until the lease's safe deadline
-// timer (see Lease.setDeadlineLocked) ends it.
+// timer (see hold.setDeadlineLocked) ends it.
 type renewer struct {
 	c    *Client
 	kick chan struct{}
 
-	mu sync.Mutex // guards h and every lease's heapIdx and renewAt; taken before Lease.mu
+	mu sync.Mutex // guards h and every lease's heapIdx and renewAt; taken before hold.mu
 	h  leaseHeap
 }
 
@@ -35,10 +35,10 @@ func newRenewer(c *Client) *renewer {
 
 func renewPeriod(ttl time.Duration) time.Duration { return max(ttl/3, minRenewPeriod) }
 
-func (r *renewer) add(l *Lease, sent time.Time) {
+func (r *renewer) add(l *hold, sent time.Time) {
 	r.mu.Lock()
 	l.mu.Lock()
-	if l.state == leaseHeld && l.heapIdx < 0 {
+	if l.state == holdHeld && l.heapIdx < 0 {
 		l.renewAt = sent.Add(renewPeriod(l.ttl))
 		heap.Push(&r.h, l)
 	}
@@ -48,7 +48,7 @@ func (r *renewer) add(l *Lease, sent time.Time) {
 }
 
 // reschedule moves a scheduled lease's next renewal to TTL/3 after sent.
-func (r *renewer) reschedule(l *Lease, sent time.Time) {
+func (r *renewer) reschedule(l *hold, sent time.Time) {
 	r.mu.Lock()
 	if l.heapIdx >= 0 {
 		l.mu.Lock()
@@ -60,7 +60,7 @@ func (r *renewer) reschedule(l *Lease, sent time.Time) {
 	r.poke()
 }
 
-func (r *renewer) remove(l *Lease) {
+func (r *renewer) remove(l *hold) {
 	r.mu.Lock()
 	if l.heapIdx >= 0 {
 		heap.Remove(&r.h, l.heapIdx)
@@ -99,19 +99,19 @@ func (r *renewer) run(ctx context.Context) {
 	}
 }
 
-func (r *renewer) popDue() []*Lease {
+func (r *renewer) popDue() []*hold {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	now := time.Now()
-	var due []*Lease
+	var due []*hold
 	for len(r.h) > 0 && !r.h[0].renewAt.After(now) && len(due) < maxRenewBatch {
-		due = append(due, heap.Pop(&r.h).(*Lease))
+		due = append(due, heap.Pop(&r.h).(*hold))
 	}
 	return due
 }
 
 // renewBatch extends every lease in due with one pipelined round trip.
-func (r *renewer) renewBatch(ctx context.Context, due []*Lease) {
+func (r *renewer) renewBatch(ctx context.Context, due []*hold) {
 	ttls := make([]time.Duration, len(due))
 	timeout := time.Duration(1<<63 - 1)
 	for i, l := range due {
@@ -127,14 +127,14 @@ func (r *renewer) renewBatch(ctx context.Context, due []*Lease) {
 	pipe := rdb.Pipeline()
 	cmds := make([]*redis.Cmd, len(due))
 	for i, l := range due {
-		cmds[i] = scripts.Extend.EvalSha(ctx, pipe, []string{l.m.keys.lock}, l.m.owner, ttls[i].Milliseconds())
+		cmds[i] = scripts.Extend.EvalSha(ctx, pipe, []string{l.keys.lock}, l.owner, ttls[i].Milliseconds())
 	}
 	_, _ = pipe.Exec(ctx)
 
 	for i, l := range due {
 		n, err := cmds[i].Int()
 		if err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
-			n, err = scripts.Extend.Run(ctx, rdb, []string{l.m.keys.lock}, l.m.owner, ttls[i].Milliseconds()).Int()
+			n, err = scripts.Extend.Run(ctx, rdb, []string{l.keys.lock}, l.owner, ttls[i].Milliseconds()).Int()
 		}
 		switch {
 		case err != nil:
@@ -149,10 +149,10 @@ func (r *renewer) renewBatch(ctx context.Context, due []*Lease) {
 
 // requeue schedules a lease's next renewal if it is still held; a non-zero renewed moves its
 // safe deadline to renewed + TTL × (1 − drift).
-func (r *renewer) requeue(l *Lease, at, renewed time.Time) {
+func (r *renewer) requeue(l *hold, at, renewed time.Time) {
 	r.mu.Lock()
 	l.mu.Lock()
-	if l.state == leaseHeld && l.heapIdx < 0 {
+	if l.state == holdHeld && l.heapIdx < 0 {
 		if !renewed.IsZero() {
 			l.setDeadlineLocked(renewed)
 		}
@@ -165,7 +165,7 @@ func (r *renewer) requeue(l *Lease, at, renewed time.Time) {
 }
 
 // leaseHeap orders leases by their next renewal time.
-type leaseHeap []*Lease
+type leaseHeap []*hold
 
 func (h leaseHeap) Len() int           { return len(h) }
 func (h leaseHeap) Less(i, j int) bool { return h[i].renewAt.Before(h[j].renewAt) }
@@ -174,7 +174,7 @@ func (h leaseHeap) Swap(i, j int) {
 	h[i].heapIdx, h[j].heapIdx = i, j
 }
 func (h *leaseHeap) Push(x any) {
-	l := x.(*Lease)
+	l := x.(*hold)
 	l.heapIdx = len(*h)
 	*h = append(*h, l)
 }

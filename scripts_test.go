@@ -13,29 +13,42 @@ import (
 
 // Script-level edge cases, run directly against Redis.
 
-type lockNames struct{ lock, fence, log, channel string }
+type lockNames struct{ lock, fence, log, queue, live, channel string }
 
 func names(t *testing.T) lockNames {
 	base := "dlock:{" + redistest.Name(t) + "}"
-	return lockNames{base, base + ":fence", base + ":log", base + ":released"}
+	return lockNames{base, base + ":fence", base + ":log", base + ":queue", base + ":live", base + ":released"}
 }
 
-func acquire(t *testing.T, rdb *redis.Client, k lockNames, owner, holdID string) []int64 {
+// acquireArgs runs the acquire script; queue joins the FIFO when not obtained.
+func acquireArgs(t *testing.T, rdb *redis.Client, k lockNames, owner, holdID string, queue, reentrant bool) []int64 {
 	t.Helper()
-	res, err := scripts.Acquire.Run(ctxT(t), rdb, []string{k.lock, k.fence, k.log}, owner, 30000, holdID, 60000).Int64Slice()
+	res, err := scripts.Acquire.Run(ctxT(t), rdb, []string{k.lock, k.fence, k.log, k.queue, k.live},
+		owner, 30000, holdID, 60000, queue, 750, k.channel, 500, "PUBLISH", reentrant).Int64Slice()
 	if err != nil {
 		t.Fatal(err)
 	}
 	return res
 }
 
-func release(t *testing.T, rdb *redis.Client, k lockNames, owner, holdID string, onlyIfAcquired bool) int64 {
+func acquire(t *testing.T, rdb *redis.Client, k lockNames, owner, holdID string) []int64 {
 	t.Helper()
-	n, err := scripts.Release.Run(ctxT(t), rdb, []string{k.lock, k.log}, owner, holdID, 60000, k.channel, onlyIfAcquired).Int64()
+	return acquireArgs(t, rdb, k, owner, holdID, false, true)
+}
+
+func releaseArgs(t *testing.T, rdb *redis.Client, k lockNames, owner, holdID string, onlyIfAcquired, leaving bool) int64 {
+	t.Helper()
+	n, err := scripts.Release.Run(ctxT(t), rdb, []string{k.lock, k.log, k.fence, k.queue, k.live},
+		owner, holdID, 60000, k.channel, onlyIfAcquired, 500, "PUBLISH", leaving).Int64()
 	if err != nil {
 		t.Fatal(err)
 	}
 	return n
+}
+
+func release(t *testing.T, rdb *redis.Client, k lockNames, owner, holdID string, onlyIfAcquired bool) int64 {
+	t.Helper()
+	return releaseArgs(t, rdb, k, owner, holdID, onlyIfAcquired, false)
 }
 
 func TestAcquireRetryIsNotCountedTwice(t *testing.T) {
@@ -70,7 +83,7 @@ func TestReleaseRetryIsAppliedOnce(t *testing.T) {
 		t.Fatalf("hold count after a retried release = %d, want 1: the outer hold was dropped", n)
 	}
 	if n := release(t, rdb, k, "A", "h1", false); n != 2 {
-		t.Fatalf("last release = %d, want 2 (freed)", n)
+		t.Fatalf("last release = %d, want 2 (freed, nobody queued)", n)
 	}
 	if n := release(t, rdb, k, "A", "h1", false); n != 1 {
 		t.Fatalf("retry of the freeing release = %d, want 1, not 'not held'", n)

@@ -1,36 +1,82 @@
--- acquire: take or re-enter a reentrant, fenced lock in one round trip.
+-- acquire: take, re-enter, confirm a grant of, or queue for a reentrant, fenced lock.
 --
 -- KEYS[1] lock hash   {owner: holdCount}, PEXPIRE'd to the lease TTL
--- KEYS[2] fence       integer counter, INCR'd on every fresh acquisition; never expires
--- KEYS[3] op log      hash {"a:"..owner / "r:"..owner: holdID}, so a retried call is recognised
+-- KEYS[2] fence       highest fencing token reserved; +16 per fresh hold (a block of tokens,
+--                     so a process can hand the lock to its own goroutines with rising tokens)
+-- KEYS[3] op log      hash: a:<owner> = hold id of the owner's last applied acquire,
+--                     r:<owner> = of its last release, g:<owner> = token granted to it
+-- KEYS[4] queue       list of waiting owners, first come first served
+-- KEYS[5] liveness    hash {waiting owner: deadline in ms of server time}
 -- ARGV[1] owner id
--- ARGV[2] lease TTL in milliseconds (> 0)
--- ARGV[3] hold id: unique per Lock/TryLock call, resent unchanged when the call is retried
--- ARGV[4] op log TTL in milliseconds
+-- ARGV[2] lease TTL in ms
+-- ARGV[3] hold id: unique per call, resent unchanged when the call is retried
+-- ARGV[4] op log TTL in ms
+-- ARGV[5] "1" to join (or stay in) the queue when not obtained
+-- ARGV[6] liveness window in ms: a waiter not heard from for this long is skipped
+-- ARGV[7] notification channel
+-- ARGV[8] grace in ms: TTL of a lock granted to a waiter until it confirms
+-- ARGV[9] PUBLISH or SPUBLISH
+-- ARGV[10] "1" if the owner re-enters its own holds (counted); "0" for a Client's cohort,
+--          whose own hold still found in Redis is stale (it lost track of it) and is re-taken
+--          as a fresh hold with a new token block
 --
--- Returns {1, token, holdCount} when the caller holds the lock after the call (fresh, re-entered,
--- or a retry of a call that already succeeded), {0, pttl} when another owner holds it
--- (pttl = the holder's remaining TTL in ms, -1 if the key has no TTL).
--- The failure path only reads, so waiters that poll do not invalidate the holder's tracked key.
-local count = redis.call('HGET', KEYS[1], ARGV[1])
+-- Returns {1, token, holdCount} when the caller holds the lock after the call (fresh,
+-- re-entered, a granted lock now confirmed, or a retry of a call that already succeeded);
+-- {0, pttl} when it does not (pttl: the lock's remaining TTL in ms, -1 without TTL).
+local owner = ARGV[1]
+
+local count = redis.call('HGET', KEYS[1], owner)
 if count then
-  local token = tonumber(redis.call('GET', KEYS[2]) or '0')
+  local granted = redis.call('HGET', KEYS[3], 'g:' .. owner)
+  if granted then
+    -- A release handed us the lock while we waited: take it with our own TTL.
+    redis.call('HDEL', KEYS[3], 'g:' .. owner)
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    redis.call('HSET', KEYS[3], 'a:' .. owner, ARGV[3])
+    return {1, tonumber(granted), 1}
+  end
+  local token = tonumber(redis.call('GET', KEYS[2]) or '0') - BLOCK + 1
   -- A retry of a call that already succeeded (its reply was lost) must not count twice.
-  if redis.call('HGET', KEYS[3], 'a:' .. ARGV[1]) == ARGV[3] then
+  if redis.call('HGET', KEYS[3], 'a:' .. owner) == ARGV[3] then
     return {1, token, tonumber(count)}
   end
-  count = redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
+  if ARGV[10] ~= '1' then
+    local v = redis.call('INCRBY', KEYS[2], BLOCK)
+    redis.call('HSET', KEYS[1], owner, 1)
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    redis.call('HSET', KEYS[3], 'a:' .. owner, ARGV[3])
+    redis.call('PEXPIRE', KEYS[3], ARGV[4])
+    return {1, v - BLOCK + 1, 1}
+  end
+  count = redis.call('HINCRBY', KEYS[1], owner, 1)
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  redis.call('HSET', KEYS[3], 'a:' .. ARGV[1], ARGV[3])
+  redis.call('HSET', KEYS[3], 'a:' .. owner, ARGV[3])
   redis.call('PEXPIRE', KEYS[3], ARGV[4])
   return {1, token, count}
 end
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  return {0, redis.call('PTTL', KEYS[1])}
+
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  local first = grant_next(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], owner, now_ms(),
+    ARGV[8], ARGV[4], ARGV[7], ARGV[9])
+  if first == nil or first == owner then
+    local v = redis.call('INCRBY', KEYS[2], BLOCK)
+    redis.call('HSET', KEYS[1], owner, 1)
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    redis.call('HSET', KEYS[3], 'a:' .. owner, ARGV[3])
+    redis.call('HDEL', KEYS[3], 'g:' .. owner)
+    redis.call('PEXPIRE', KEYS[3], ARGV[4])
+    return {1, v - BLOCK + 1, 1}
+  end
+  -- It went to a waiter ahead of us.
 end
-local token = redis.call('INCR', KEYS[2])
-redis.call('HSET', KEYS[1], ARGV[1], 1)
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-redis.call('HSET', KEYS[3], 'a:' .. ARGV[1], ARGV[3])
-redis.call('PEXPIRE', KEYS[3], ARGV[4])
-return {1, token, 1}
+
+if ARGV[5] == '1' then
+  if redis.call('HEXISTS', KEYS[5], owner) == 0 then
+    redis.call('RPUSH', KEYS[4], owner)
+  end
+  redis.call('HSET', KEYS[5], owner, now_ms() + tonumber(ARGV[6]))
+  -- The queue disappears on its own once no waiter refreshes it.
+  redis.call('PEXPIRE', KEYS[4], 4 * tonumber(ARGV[6]))
+  redis.call('PEXPIRE', KEYS[5], 4 * tonumber(ARGV[6]))
+end
+return {0, redis.call('PTTL', KEYS[1])}

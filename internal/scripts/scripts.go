@@ -1,5 +1,6 @@
 // Package scripts holds dlock's Lua scripts, one per operation. Each file opens with its
-// KEYS/ARGV contract; the Go side only passes arguments and decodes replies.
+// KEYS/ARGV contract; the Go side only passes arguments and decodes replies. grant.lua holds
+// the FIFO hand-off shared by acquire and release and is prepended to both.
 package scripts
 
 import (
@@ -9,6 +10,8 @@ import (
 )
 
 var (
+	//go:embed grant.lua
+	grantSrc string
 	//go:embed acquire.lua
 	acquireSrc string
 	//go:embed release.lua
@@ -21,8 +24,8 @@ var (
 
 // Scripts run with EVALSHA and fall back to EVAL when the server has not cached them yet.
 var (
-	Acquire   = redis.NewScript(acquireSrc)
-	Release   = redis.NewScript(releaseSrc)
+	Acquire   = redis.NewScript(grantSrc + acquireSrc)
+	Release   = redis.NewScript(grantSrc + releaseSrc)
 	Extend    = redis.NewScript(extendSrc)
 	FencedSet = redis.NewScript(fencedSetSrc)
 )

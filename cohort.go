@@ -1,0 +1,303 @@
+package dlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+)
+
+const (
+	// cohortBlock is how many tokens a hold reserves (see grant.lua) and so the most local
+	// hand-offs one Redis hold can serve.
+	cohortBlock = 16
+	// cohortBatchTime bounds how long a Client keeps a contended lock for its own goroutines
+	// before passing it to the next process in the Redis queue.
+	cohortBatchTime = 5 * time.Millisecond
+)
+
+// A cohort is a Client's local queue for one lock (lock cohorting): the Client takes the Redis
+// lock once, under its own owner id, and hands it from goroutine to goroutine in this process
+// without a Redis round trip, up to a bounded batch (cohortBlock hand-offs, cohortBatchTime),
+// then releases it to the next process in the Redis FIFO. Each local holder gets its own
+// Lease with a token from the hold's block, so tokens still rise across every holder.
+type cohort struct {
+	c    *Client
+	spec holdSpec // owner: the Client's id; cfg: the first handle's
+
+	mu      sync.Mutex
+	dead    bool // removed from the Client's table; callers must look up afresh
+	h       *hold
+	next    uint64    // next token of h's block to hand out
+	since   time.Time // when h was taken
+	holder  *Mutex    // handle holding the lock locally, nil if none
+	leases  []*Lease  // holder's leases: the outer one and its re-entries
+	queue   []*cohortWaiter
+	busy    bool               // a goroutine is taking or releasing the Redis hold
+	stopAcq context.CancelFunc // ends the acquirer's Redis wait when the queue empties
+}
+
+type cohortWaiter struct {
+	m     *Mutex
+	ready chan grantResult // buffered 1
+}
+
+type grantResult struct {
+	l   *Lease
+	err error
+}
+
+// cohortFor returns the Client's cohort for m's lock, creating it on first use.
+func (c *Client) cohortFor(m *Mutex) *cohort {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	co := c.cohorts[m.keys.lock]
+	if co == nil {
+		co = &cohort{c: c, spec: holdSpec{name: m.name, keys: m.keys, cfg: m.cfg, owner: c.id, reentrant: false}}
+		c.cohorts[m.keys.lock] = co
+	}
+	return co
+}
+
+// lock takes the lock for handle m: at once if m already holds it (re-entry) or the Client
+// holds it with nobody waiting locally; otherwise through the local queue, which the Client
+// serves by taking the Redis lock. Without wait it makes one attempt.
+func (c *Client) cohortLock(ctx context.Context, m *Mutex, wait bool) (*Lease, error) {
+	for {
+		co := c.cohortFor(m)
+		l, err, retry := co.lock(ctx, m, wait)
+		if !retry {
+			return l, err
+		}
+	}
+}
+
+func (co *cohort) lock(ctx context.Context, m *Mutex, wait bool) (l *Lease, err error, retry bool) {
+	co.mu.Lock()
+	if co.dead {
+		co.mu.Unlock()
+		return nil, nil, true
+	}
+	if err := co.c.checkOpen(); err != nil {
+		co.mu.Unlock()
+		return nil, fmt.Errorf("%w: lock %q", err, m.name), false
+	}
+	if co.holder == m && co.h.isHeld() { // re-entry: same handle, same token
+		l := newLease(m, co.h, co, co.leases[0].token)
+		co.leases = append(co.leases, l)
+		co.mu.Unlock()
+		return l, nil, false
+	}
+	if co.holder == nil && len(co.queue) == 0 && co.canHandOffLocked() {
+		l := co.grantLocked(m)
+		co.mu.Unlock()
+		return l, nil, false
+	}
+	if co.h == nil && !co.busy && len(co.queue) == 0 {
+		// Idle: try Redis from this goroutine, saving a hand-off in the uncontended case.
+		co.busy = true
+		co.mu.Unlock()
+		h, _, err := co.c.tryHold(ctx, co.spec, false)
+		co.mu.Lock()
+		co.busy = false
+		if h != nil && co.installLocked(h) {
+			l := co.grantLocked(m)
+			co.mu.Unlock()
+			return l, nil, false
+		}
+		if h == nil && (!errors.Is(err, ErrNotObtained) || !wait || ctx.Err() != nil) {
+			co.kickLocked() // serve waiters that queued meanwhile
+			co.retireIfIdleLocked()
+			co.mu.Unlock()
+			return nil, err, false
+		}
+	} else if !wait {
+		co.mu.Unlock()
+		return nil, fmt.Errorf("%w: %q", ErrNotObtained, m.name), false
+	}
+	w := &cohortWaiter{m: m, ready: make(chan grantResult, 1)}
+	co.queue = append(co.queue, w)
+	co.kickLocked()
+	co.mu.Unlock()
+
+	select {
+	case r := <-w.ready:
+		return r.l, r.err, false
+	case <-ctx.Done():
+	}
+	co.mu.Lock()
+	if i := slices.Index(co.queue, w); i >= 0 {
+		co.queue = slices.Delete(co.queue, i, i+1)
+		if len(co.queue) == 0 && co.stopAcq != nil {
+			co.stopAcq() // nobody left to take the Redis lock for
+		}
+		co.mu.Unlock()
+	} else {
+		co.mu.Unlock()
+		if r := <-w.ready; r.l != nil { // granted just now: pass it on
+			_ = r.l.Unlock(context.WithoutCancel(ctx))
+		}
+	}
+	return nil, errors.Join(fmt.Errorf("%w: %q", ErrNotObtained, m.name), ctx.Err()), false
+}
+
+// canHandOffLocked reports whether the Client's hold may serve one more local holder.
+func (co *cohort) canHandOffLocked() bool {
+	return co.h != nil && !co.busy && co.next < co.h.token+cohortBlock &&
+		time.Since(co.since) < cohortBatchTime && co.h.isHeld()
+}
+
+// installLocked makes h the Client's hold for this lock. It reports false if h was lost
+// before it could be installed.
+func (co *cohort) installLocked(h *hold) bool {
+	if ended, _ := h.setOnEnd(func(err error) { co.holdEnded(h, err) }); ended {
+		return false
+	}
+	co.h, co.next, co.since = h, h.token, time.Now()
+	return true
+}
+
+// grantLocked makes m the local holder with the next token of the block.
+func (co *cohort) grantLocked(m *Mutex) *Lease {
+	l := newLease(m, co.h, co, co.next)
+	co.next++
+	co.holder, co.leases = m, []*Lease{l}
+	return l
+}
+
+// kickLocked starts a goroutine taking the Redis lock for the local queue, if one is needed.
+func (co *cohort) kickLocked() {
+	if co.h != nil || co.busy || len(co.queue) == 0 || co.c.checkOpen() != nil {
+		return
+	}
+	co.busy = true
+	ctx, cancel := context.WithCancel(co.c.bg)
+	co.stopAcq = cancel
+	co.c.wg.Add(1)
+	go co.acquire(ctx, cancel)
+}
+
+// acquire waits in the Redis queue on behalf of the local waiters and gives the lock to the
+// first of them.
+func (co *cohort) acquire(ctx context.Context, cancel context.CancelFunc) {
+	defer co.c.wg.Done()
+	defer cancel()
+	h, err := co.c.waitHold(ctx, co.spec)
+	co.mu.Lock()
+	co.busy, co.stopAcq = false, nil
+	switch {
+	case h == nil && ctx.Err() != nil && co.c.checkOpen() == nil:
+		co.kickLocked() // the queue emptied; a waiter may have come back since
+	case h == nil:
+		for _, w := range co.queue { // Redis error or Client closed: every waiter gets it
+			w.ready <- grantResult{err: err}
+		}
+		co.queue = nil
+	case !co.installLocked(h):
+		co.kickLocked() // lost at once: try again for the waiters
+	case len(co.queue) > 0:
+		co.grantHeadLocked()
+	default:
+		co.mu.Unlock()
+		_ = co.releaseHold(context.Background(), nil) // everyone left meanwhile
+		return
+	}
+	co.retireIfIdleLocked()
+	co.mu.Unlock()
+}
+
+func (co *cohort) grantHeadLocked() {
+	w := co.queue[0]
+	co.queue = co.queue[1:]
+	w.ready <- grantResult{l: co.grantLocked(w.m)}
+}
+
+// unlock ends local lease l (its state is already releasing): the lock goes to the next local
+// waiter while the batch allows, else back to Redis.
+func (co *cohort) unlock(ctx context.Context, l *Lease) error {
+	co.mu.Lock()
+	i := slices.Index(co.leases, l)
+	if i < 0 { // the hold was lost and the lease ended meanwhile
+		co.mu.Unlock()
+		return l.heldErr()
+	}
+	co.leases = slices.Delete(co.leases, i, i+1)
+	if len(co.leases) > 0 { // an inner re-entry: the handle still holds
+		co.mu.Unlock()
+		l.finish(nil, true)
+		return nil
+	}
+	co.holder = nil
+	if len(co.queue) > 0 && co.canHandOffLocked() {
+		co.grantHeadLocked()
+		co.mu.Unlock()
+		l.finish(nil, true)
+		return nil
+	}
+	co.mu.Unlock()
+	return co.releaseHold(ctx, l)
+}
+
+// releaseHold gives the Client's hold back to Redis (to the next process in the queue) and,
+// when local waiters remain, queues for it again. l, if not nil, is the lease whose Unlock
+// this is; it ends with the release's result.
+func (co *cohort) releaseHold(ctx context.Context, l *Lease) error {
+	co.mu.Lock()
+	h := co.h
+	co.h, co.busy = nil, true
+	co.mu.Unlock()
+	var err error
+	switch {
+	case h == nil || !h.beginRelease():
+		if l != nil {
+			err = l.heldErr()
+			l.finish(nil, true)
+		}
+	case l != nil:
+		err = l.finishRelease(ctx, h)
+	default:
+		_, _ = h.release(ctx) // on failure the lock expires; a new hold of ours re-takes it
+		h.end(nil, false)
+	}
+	co.mu.Lock()
+	co.busy = false
+	co.kickLocked()
+	co.retireIfIdleLocked()
+	co.mu.Unlock()
+	return err
+}
+
+// holdEnded runs when the Client's hold was lost or the Client closed: the local holder's
+// leases end with err, and the local queue waits for a new hold.
+func (co *cohort) holdEnded(h *hold, err error) {
+	co.mu.Lock()
+	if co.h != h {
+		co.mu.Unlock()
+		return
+	}
+	co.h = nil
+	leases := co.leases
+	co.holder, co.leases = nil, nil
+	co.kickLocked()
+	co.retireIfIdleLocked()
+	co.mu.Unlock()
+	for _, l := range leases {
+		l.finish(err, false)
+	}
+}
+
+// retireIfIdleLocked removes an idle cohort from the Client's table, so a process that locks
+// millions of names (one per user, say) keeps no state for them.
+func (co *cohort) retireIfIdleLocked() {
+	if co.h != nil || co.busy || co.holder != nil || len(co.queue) > 0 {
+		return
+	}
+	co.dead = true
+	co.c.mu.Lock()
+	if co.c.cohorts[co.spec.keys.lock] == co {
+		delete(co.c.cohorts, co.spec.keys.lock)
+	}
+	co.c.mu.Unlock()
+}

@@ -1,0 +1,203 @@
+package dlock
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/dlock-go/dlock/internal/scripts"
+)
+
+type holdState int
+
+const (
+	holdHeld holdState = iota
+	holdReleasing
+	holdEnded
+)
+
+// A hold is one Redis-level hold of a lock by one owner id: the thing the renewer renews, the
+// notifier watches and the safe deadline guards. A plain Lease has a hold of its own; with
+// cohorting, the Client's hold on a lock serves a run of local Leases one after the other.
+type hold struct {
+	c      *Client
+	name   string
+	keys   keys
+	cfg    config
+	owner  string
+	holdID string
+	token  uint64 // first token of the block reserved by this hold
+	notif  *notifier
+	// tracked is closed once a tracked read confirmed the hold, so a later change of the key
+	// is pushed (tests wait on it before tampering with the key).
+	tracked      chan struct{}
+	trackedOnce  sync.Once
+	mu           sync.Mutex
+	onEnd        func(err error) // see setOnEnd
+	state        holdState
+	err          error
+	ttl          time.Duration
+	deadline     time.Time   // monotonic: when the hold counts as lost without a renewal
+	deadlineFrom time.Time   // send time of the acquire/renewal/extend that set deadline
+	timer        *time.Timer // fires at deadline
+	heapIdx      int         // position in the renewer's heap, -1 when not scheduled (renewer.mu)
+	renewAt      time.Time   // next renewal (renewer.mu)
+}
+
+// setOnEnd installs f, called once and outside any lock when the hold ends other than by a
+// release its user asked for (err then wraps ErrLeaseLost, or is ErrClosed). If the hold has
+// already ended, f is not installed and setOnEnd reports the end instead.
+func (h *hold) setOnEnd(f func(err error)) (ended bool, err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.state == holdEnded {
+		return true, h.err
+	}
+	h.onEnd = f
+	return false, nil
+}
+
+func (h *hold) isHeld() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.state == holdHeld
+}
+
+// extend sets the lock's TTL to ttl if the owner still holds it. A refusal ends the hold as
+// lost and returns the loss.
+func (h *hold) extend(ctx context.Context, ttl time.Duration) error {
+	sent := time.Now()
+	n, err := scripts.Extend.Run(ctx, h.c.rdb, []string{h.keys.lock}, h.owner, ttl.Milliseconds()).Int()
+	if err != nil {
+		return fmt.Errorf("dlock: extend %q: %w", h.name, err)
+	}
+	if n == 0 {
+		h.lose(errRenewRefused)
+		return h.lossErr()
+	}
+	h.mu.Lock()
+	if h.state == holdHeld {
+		h.ttl = ttl
+		h.setDeadlineLocked(sent)
+	}
+	h.mu.Unlock()
+	h.c.renew.reschedule(h, sent)
+	return nil
+}
+
+// lossErr returns why the hold ended, or a generic loss if it has not (yet) recorded one.
+func (h *hold) lossErr() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.err != nil {
+		return h.err
+	}
+	return leaseLost(h.name, errRenewRefused)
+}
+
+// beginRelease moves a held hold to releasing, so neither the renewer nor a pushed loss acts
+// on it while the release script runs. It reports false if the hold had already ended.
+func (h *hold) beginRelease() bool {
+	h.mu.Lock()
+	ok := h.state == holdHeld
+	if ok {
+		h.state = holdReleasing
+	}
+	h.mu.Unlock()
+	if ok {
+		h.c.renew.remove(h)
+	}
+	return ok
+}
+
+// release runs the release script: 3 handed to a waiter, 2 freed, 1 one hold dropped (or an
+// earlier attempt already applied), 0 not held.
+func (h *hold) release(ctx context.Context) (int, error) {
+	return runRelease(ctx, h.c, h.keys, h.owner, h.holdID, releaseNormal)
+}
+
+type releaseMode int
+
+const (
+	releaseNormal       releaseMode = iota
+	releaseIfAcquired               // clean-up after an acquire whose reply was lost
+	releaseLeavingQueue             // a waiter giving up, possibly granted meanwhile
+)
+
+func runRelease(ctx context.Context, c *Client, k keys, owner, holdID string, mode releaseMode) (int, error) {
+	return scripts.Release.Run(ctx, c.rdb,
+		[]string{k.lock, k.opLog, k.fence, k.queue, k.live},
+		owner, holdID, opLogTTL.Milliseconds(), k.channel, mode == releaseIfAcquired,
+		grantGrace.Milliseconds(), c.publishCmd, mode == releaseLeavingQueue).Int()
+}
+
+func leaseLost(name string, cause error) error {
+	return fmt.Errorf("%w: %q: %w", ErrLeaseLost, name, cause)
+}
+
+// lose ends a held hold as lost. It is a no-op once a release has started: the release
+// script's answer decides then.
+func (h *hold) lose(cause error) {
+	if h.isHeld() {
+		h.end(leaseLost(h.name, cause), true)
+	}
+}
+
+// end ends the hold once: records err, stops the deadline timer, renewal and watching, and
+// calls onEnd when notify is set.
+func (h *hold) end(err error, notify bool) {
+	h.mu.Lock()
+	if h.state == holdEnded {
+		h.mu.Unlock()
+		return
+	}
+	h.state = holdEnded
+	h.err = err
+	if h.timer != nil {
+		h.timer.Stop()
+	}
+	n, onEnd := h.notif, h.onEnd
+	h.mu.Unlock()
+	// After the state change, so a renewal in flight cannot queue the hold again.
+	h.c.renew.remove(h)
+	if n != nil {
+		n.unwatch(h.keys.lock, h)
+	}
+	h.c.forget(h)
+	if notify && onEnd != nil {
+		onEnd(err)
+	}
+}
+
+// setDeadlineLocked moves the safe deadline to sent + TTL × (1 − drift), measured on the
+// monotonic clock from when the acquire, renewal or extend was sent: Redis started the TTL no
+// earlier than that, so the hold ends locally before it can expire there.
+func (h *hold) setDeadlineLocked(sent time.Time) {
+	if sent.Before(h.deadlineFrom) {
+		return // a later-sent extend already set it
+	}
+	h.deadlineFrom = sent
+	margin := time.Duration(float64(h.ttl) * h.cfg.driftFactor())
+	h.deadline = sent.Add(h.ttl - margin)
+	d := time.Until(h.deadline)
+	if h.timer == nil {
+		h.timer = time.AfterFunc(d, h.deadlinePassed)
+	} else {
+		h.timer.Reset(d)
+	}
+}
+
+func (h *hold) deadlinePassed() {
+	h.mu.Lock()
+	early := time.Now().Before(h.deadline) // a renewal moved the deadline and reset the timer
+	h.mu.Unlock()
+	if early {
+		return
+	}
+	if h.cfg.fixedLease {
+		h.lose(errFixedLeaseOver)
+		return
+	}
+	h.lose(errDeadline)
+}
