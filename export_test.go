@@ -2,3 +2,16 @@ package dlock
 
 // Tracked exposes, to tests only, the moment a lease's key is tracked for push loss detection.
 func Tracked(l *Lease) <-chan struct{} { return l.h.tracked }
+
+// CohortWaiters tells tests how many goroutines of c wait locally for the lock called name.
+func CohortWaiters(c *Client, name string) int {
+	c.mu.Lock()
+	co := c.cohorts[lockKeys(DefaultKeyPrefix, name).lock]
+	c.mu.Unlock()
+	if co == nil {
+		return 0
+	}
+	co.mu.Lock()
+	defer co.mu.Unlock()
+	return len(co.queue)
+}

@@ -1,0 +1,263 @@
+package dlock_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// waitQueueLen waits until the lock's Redis queue holds n waiters.
+func waitQueueLen(t *testing.T, rdb *redis.Client, name string, n int64) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for rdb.LLen(context.Background(), lockKey(name)+":queue").Val() != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("queue of %q never reached %d waiters", name, n)
+		}
+		time.Sleep(time.Millisecond) // Redis state has no event to wait on
+	}
+}
+
+func TestWaitersAcrossClientsAreServedInArrivalOrder(t *testing.T) {
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	holderC, rdb := newClient(t)
+	held, err := holderC.Mutex(name).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Three Clients stand for three processes; each queues after the previous one.
+	order := make(chan int, 3)
+	var wg sync.WaitGroup
+	for i := 0; i < 3; i++ {
+		c, _ := newClient(t)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l, err := c.Mutex(name).Lock(ctx)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			order <- i
+			_ = l.Unlock(ctx)
+		}()
+		waitQueueLen(t, rdb, name, int64(i+1))
+	}
+	if err := held.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	close(order)
+	want := 0
+	for got := range order {
+		if got != want {
+			t.Fatalf("waiter %d served in position %d: not first come, first served", got, want)
+		}
+		want++
+	}
+}
+
+func TestCohortHandsOffLocallyWithRisingTokens(t *testing.T) {
+	c, rdb := newClient(t)
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	first, err := c.Mutex(name).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Four more goroutines of this Client queue locally behind the holder.
+	const n = 4
+	got := make(chan *dlock.Lease, n)
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l, err := c.Mutex(name).Lock(ctx)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			got <- l
+		}()
+	}
+	// While the first holds, another handle's TryLock must fail and nobody else holds.
+	if _, err := c.Mutex(name).TryLock(ctx); !errors.Is(err, dlock.ErrNotObtained) {
+		t.Fatalf("TryLock while a local goroutine holds: %v", err)
+	}
+	last := first.Token()
+	if err := first.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < n; i++ {
+		l := <-got
+		if l.Token() <= last {
+			t.Fatalf("hand-off %d: token %d not above %d", i, l.Token(), last)
+		}
+		last = l.Token()
+		if err := l.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wg.Wait()
+	if rdb.Exists(ctx, lockKey(name)).Val() != 0 {
+		t.Fatal("the Client kept the Redis lock after its last local holder left")
+	}
+}
+
+func TestCohortReentryIsPerHandle(t *testing.T) {
+	c, _ := newClient(t)
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	m := c.Mutex(name)
+	outer, err := m.Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner, err := m.TryLock(ctx)
+	if err != nil {
+		t.Fatalf("same handle re-entry: %v", err)
+	}
+	if inner.Token() != outer.Token() {
+		t.Fatalf("re-entry token %d, want %d", inner.Token(), outer.Token())
+	}
+	if err := inner.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Mutex(name).TryLock(ctx); !errors.Is(err, dlock.ErrNotObtained) {
+		t.Fatalf("other handle after the inner Unlock: %v, want ErrNotObtained", err)
+	}
+	if outer.Err() != nil {
+		t.Fatal(outer.Err())
+	}
+	if err := outer.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l, err := c.Mutex(name).TryLock(ctx)
+	if err != nil {
+		t.Fatalf("after both Unlocks: %v", err)
+	}
+	_ = l.Unlock(ctx)
+}
+
+func TestCohortLossWhileLocalWaitersQueue(t *testing.T) {
+	c, rdb := newClient(t)
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	holder := lockTracked(t, c.Mutex(name))
+	got := make(chan *dlock.Lease, 1)
+	go func() {
+		l, err := c.Mutex(name).Lock(ctx)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- l
+	}()
+	// Take the Redis lock away from the Client while a local goroutine waits.
+	for dlock.CohortWaiters(c, name) != 1 {
+		time.Sleep(time.Millisecond) // the local queue has no event to wait on
+	}
+	rdb.Del(ctx, lockKey(name))
+	waitDone(t, holder, 2*time.Second)
+	if !errors.Is(holder.Err(), dlock.ErrLeaseLost) {
+		t.Fatalf("holder Err = %v, want ErrLeaseLost", holder.Err())
+	}
+	select {
+	case l := <-got:
+		if l == nil {
+			t.Fatal("waiter failed")
+		}
+		if l.Token() <= holder.Token() {
+			t.Fatalf("waiter token %d not above the lost holder's %d", l.Token(), holder.Token())
+		}
+		if n := rdb.Exists(ctx, lockKey(name)).Val(); n != 1 {
+			t.Fatal("waiter holds a lease but the Redis lock is missing")
+		}
+		_ = l.Unlock(ctx)
+	case <-time.After(5 * time.Second):
+		t.Fatal("local waiter not served after the Client's hold was lost")
+	}
+	if err := holder.Unlock(ctx); !errors.Is(err, dlock.ErrNotHeld) {
+		t.Fatalf("Unlock of the lost lease = %v, want ErrNotHeld", err)
+	}
+}
+
+func TestDeadWaiterStallsTheLockBriefly(t *testing.T) {
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	c, rdb := newClient(t)
+	held, err := c.Mutex(name).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A waiter of another process that then died: first in the queue, never refreshing.
+	k := lockNames{lock: lockKey(name), fence: lockKey(name) + ":fence", log: lockKey(name) + ":log",
+		queue: lockKey(name) + ":queue", live: lockKey(name) + ":live", channel: lockKey(name) + ":released"}
+	if res := acquireArgs(t, rdb, k, "ghost", "g1", true, true); res[0] != 0 {
+		t.Fatalf("ghost got the lock: %v", res)
+	}
+	other, _ := newClient(t)
+	got := make(chan time.Time, 1)
+	go func() {
+		l, err := other.Mutex(name).Lock(ctx)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		got <- time.Now()
+		_ = l.Unlock(ctx)
+	}()
+	waitQueueLen(t, rdb, name, 2)
+	released := time.Now()
+	if err := held.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case at := <-got:
+		stall := at.Sub(released)
+		t.Logf("a dead waiter first in line stalled the lock %v", stall)
+		if stall > 2*time.Second {
+			t.Fatalf("dead waiter stalled the lock %v", stall)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("live waiter never got the lock past a dead one")
+	}
+}
+
+func TestWaiterGivingUpLeavesTheQueue(t *testing.T) {
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	c, rdb := newClient(t)
+	held, err := c.Mutex(name).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, _ := newClient(t)
+	wctx, cancel := context.WithCancel(ctx)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := other.Mutex(name).Lock(wctx)
+		errc <- err
+	}()
+	waitQueueLen(t, rdb, name, 1)
+	cancel()
+	if err := <-errc; !errors.Is(err, dlock.ErrNotObtained) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled Lock = %v", err)
+	}
+	if n := rdb.LLen(ctx, lockKey(name)+":queue").Val(); n != 0 {
+		t.Fatalf("queue holds %d entries after the only waiter gave up", n)
+	}
+	if err := held.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if rdb.Exists(ctx, lockKey(name)).Val() != 0 {
+		t.Fatal("lock granted to a waiter that had left")
+	}
+}
