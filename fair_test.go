@@ -15,7 +15,12 @@ import (
 // waitQueueLen waits until the lock's Redis queue holds n waiters.
 func waitQueueLen(t *testing.T, rdb *redis.Client, name string, n int64) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	waitQueueLenWithin(t, rdb, name, n, 5*time.Second)
+}
+
+func waitQueueLenWithin(t *testing.T, rdb *redis.Client, name string, n int64, limit time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
 	for rdb.LLen(context.Background(), lockKey(name)+":queue").Val() != n {
 		if time.Now().After(deadline) {
 			t.Fatalf("queue of %q never reached %d waiters", name, n)
@@ -251,9 +256,9 @@ func TestWaiterGivingUpLeavesTheQueue(t *testing.T) {
 	if err := <-errc; !errors.Is(err, dlock.ErrNotObtained) || !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled Lock = %v", err)
 	}
-	if n := rdb.LLen(ctx, lockKey(name)+":queue").Val(); n != 0 {
-		t.Fatalf("queue holds %d entries after the only waiter gave up", n)
-	}
+	// The Client leaves the Redis queue in the background; well before the entry's liveness
+	// window (750 ms) could have dropped it.
+	waitQueueLenWithin(t, rdb, name, 0, 300*time.Millisecond)
 	if err := held.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
