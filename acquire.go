@@ -75,6 +75,9 @@ func (c *Client) tryHold(ctx context.Context, s holdSpec, queue bool) (*hold, ti
 		h.end(err, false)
 		return nil, 0, fmt.Errorf("%w: lock %q", err, s.name)
 	}
+	if !h.isHeld() { // lost or closed the moment it was taken
+		return nil, 0, h.lossErr()
+	}
 	return h, 0, nil
 }
 
@@ -136,7 +139,9 @@ func (c *Client) leaveQueue(s holdSpec) {
 
 // abandon undoes, in the background, an acquire whose reply was lost, if Redis applied it.
 func (c *Client) abandon(s holdSpec, holdID string) {
-	c.wg.Add(1)
+	if !c.goBackground() {
+		return // closing: the hold, if any, expires within its TTL
+	}
 	go func() {
 		defer c.wg.Done()
 		ctx, cancel := context.WithTimeout(context.Background(), abandonTimeout)

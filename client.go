@@ -127,7 +127,7 @@ func (c *Client) track(ctx context.Context, l *hold, sent time.Time) error {
 	c.holds[l] = struct{}{}
 	if !c.renewing { // the renewer starts with the first lease, so an unused Client costs nothing
 		c.renewing = true
-		c.wg.Add(1)
+		c.wg.Add(1) // under c.mu with closed false: Close's Wait sees it
 		go func() {
 			defer c.wg.Done()
 			c.renew.run(c.bg)
@@ -145,7 +145,7 @@ func (c *Client) track(ctx context.Context, l *hold, sent time.Time) error {
 	l.mu.Lock()
 	held := l.state == holdHeld // a pushed loss or Close may have ended it already
 	if held {
-		l.setDeadlineLocked(sent)
+		l.setDeadlineLocked(sent, l.ttl)
 	}
 	l.mu.Unlock()
 	if !held {
@@ -158,6 +158,19 @@ func (c *Client) track(ctx context.Context, l *hold, sent time.Time) error {
 		c.renew.add(l, sent)
 	}
 	return nil
+}
+
+// goBackground reserves a slot for a background goroutine (the caller starts it and calls
+// c.wg.Done when it ends). It reports false once the Client is closing, so Close's Wait never
+// races with a new Add.
+func (c *Client) goBackground() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return false
+	}
+	c.wg.Add(1)
+	return true
 }
 
 // forget drops an ended hold from the Client.
@@ -185,8 +198,8 @@ func (c *Client) notifierFor(ctx context.Context, key string) *notifier {
 	}
 	addr := node.Options().Addr + "/" + strconv.Itoa(node.Options().DB)
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.closed {
+		c.mu.Unlock()
 		return nil
 	}
 	n := c.notifiers[addr]
@@ -194,6 +207,8 @@ func (c *Client) notifierFor(ctx context.Context, key string) *notifier {
 		n = newNotifier(node, c.publishCmd == "SPUBLISH")
 		c.notifiers[addr] = n
 	}
+	c.mu.Unlock()
+	n.start() // dials outside c.mu: a slow node must not block every other lock
 	return n
 }
 

@@ -172,10 +172,12 @@ func (co *cohort) kickLocked() {
 	if co.h != nil || co.busy || len(co.queue) == 0 || co.c.checkOpen() != nil {
 		return
 	}
+	if !co.c.goBackground() {
+		return
+	}
 	co.busy = true
 	ctx, cancel := context.WithCancel(co.c.bg)
 	co.stopAcq = cancel
-	co.c.wg.Add(1)
 	go co.acquire(ctx, cancel)
 }
 

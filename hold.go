@@ -68,7 +68,7 @@ func (h *hold) isHeld() bool {
 // lost and returns the loss.
 func (h *hold) extend(ctx context.Context, ttl time.Duration) error {
 	sent := time.Now()
-	n, err := scripts.Extend.Run(ctx, h.c.rdb, []string{h.keys.lock}, h.owner, ttl.Milliseconds()).Int()
+	n, err := scripts.Extend.Run(ctx, h.c.rdb, []string{h.keys.lock}, h.holdID, ttl.Milliseconds()).Int()
 	if err != nil {
 		return fmt.Errorf("dlock: extend %q: %w", h.name, err)
 	}
@@ -79,7 +79,7 @@ func (h *hold) extend(ctx context.Context, ttl time.Duration) error {
 	h.mu.Lock()
 	if h.state == holdHeld {
 		h.ttl = ttl
-		h.setDeadlineLocked(sent)
+		h.setDeadlineLocked(sent, ttl)
 	}
 	h.mu.Unlock()
 	h.c.renew.reschedule(h, sent)
@@ -170,16 +170,17 @@ func (h *hold) end(err error, notify bool) {
 	}
 }
 
-// setDeadlineLocked moves the safe deadline to sent + TTL × (1 − drift), measured on the
-// monotonic clock from when the acquire, renewal or extend was sent: Redis started the TTL no
-// earlier than that, so the hold ends locally before it can expire there.
-func (h *hold) setDeadlineLocked(sent time.Time) {
+// setDeadlineLocked moves the safe deadline to sent + ttl × (1 − drift), where ttl is the TTL
+// that very command carried, measured on the monotonic clock from when the acquire, renewal or
+// extend was sent: Redis started that TTL no earlier than that (and never shortens a held
+// lock's TTL), so the hold ends locally before it can expire there.
+func (h *hold) setDeadlineLocked(sent time.Time, ttl time.Duration) {
 	if sent.Before(h.deadlineFrom) {
-		return // a later-sent extend already set it
+		return // a later-sent command already set it
 	}
 	h.deadlineFrom = sent
-	margin := time.Duration(float64(h.ttl) * h.cfg.driftFactor())
-	h.deadline = sent.Add(h.ttl - margin)
+	margin := time.Duration(float64(ttl) * h.cfg.driftFactor())
+	h.deadline = sent.Add(ttl - margin)
 	d := time.Until(h.deadline)
 	if h.timer == nil {
 		h.timer = time.AfterFunc(d, h.deadlinePassed)

@@ -23,6 +23,8 @@ func TestBadInputIsRejectedClearly(t *testing.T) {
 	}{
 		{"empty name", c.Mutex(""), "empty lock name"},
 		{"long name", c.Mutex(strings.Repeat("x", 2000)), "lock name"},
+		{"name with an empty hash tag", c.Mutex("}x"), "must not start with '}'"},
+		{"owner like a hold field", c.Mutex("a", dlock.WithOwner("#1")), "owner"},
 		{"zero TTL", c.Mutex("a", dlock.WithTTL(0)), "TTL"},
 		{"negative TTL", c.Mutex("a", dlock.WithTTL(-time.Second)), "TTL"},
 		{"empty owner", c.Mutex("a", dlock.WithOwner("")), "owner"},

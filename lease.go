@@ -78,9 +78,10 @@ func (l *Lease) TTL() time.Duration {
 	return l.h.ttl
 }
 
-// Extend sets the lock's TTL in Redis to ttl from now, if the lease is still held; later
-// watchdog renewals keep using ttl. On success the local safe deadline moves to
-// send time + ttl × (1 − drift). If the owner no longer holds the lock the lease ends as lost
+// Extend makes the lock's TTL in Redis at least ttl from now, if the lease is still held;
+// later watchdog renewals use ttl. It never shortens the TTL in Redis (another hold of the same
+// owner may rely on it), but the lease's own safe deadline becomes
+// send time + ttl × (1 − drift) either way. If the owner no longer holds the lock the lease ends as lost
 // and Extend returns an error matching ErrNotHeld and ErrLeaseLost. A Redis error leaves the
 // lease unchanged and is returned.
 func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
@@ -90,7 +91,7 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if err := l.heldErr(); err != nil {
 		return err
 	}
-	if err := l.h.extend(ctx, ttl); err != nil {
+	if err := l.h.extend(ctx, ttl.Truncate(time.Millisecond)); err != nil {
 		if herr := l.heldErr(); herr != nil {
 			return herr
 		}

@@ -82,6 +82,27 @@ func TestLossPushedWhenTakenOrOverwritten(t *testing.T) {
 	}
 }
 
+func TestLossPushedWhenDeletedAndRetakenBySameOwner(t *testing.T) {
+	c, rdb := newClient(t, dlock.WithoutCohort())
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	m := c.Mutex(name)
+	old := lockTracked(t, m)
+	rdb.Del(ctx, lockKey(name))
+	l, err := m.TryLock(ctx) // the same owner takes a fresh hold at once
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitDone(t, old, 2*time.Second)
+	if !errors.Is(old.Err(), dlock.ErrLeaseLost) {
+		t.Fatalf("old lease Err = %v, want ErrLeaseLost", old.Err())
+	}
+	if l.Err() != nil || l.Token() <= old.Token() {
+		t.Fatalf("new lease: err %v, token %d (old %d)", l.Err(), l.Token(), old.Token())
+	}
+	_ = l.Unlock(ctx)
+}
+
 func TestUnlockOfLostLease(t *testing.T) {
 	c, rdb := newClient(t)
 	ctx := ctxT(t)

@@ -44,11 +44,14 @@ type notifier struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	pubsubID atomic.Int64  // CLIENT ID of the current pub/sub connection
-	epoch    atomic.Uint64 // bumped on every new pub/sub connection
-	kick     chan struct{} // wakes the checker; buffered 1
+	pubsubID  atomic.Int64  // CLIENT ID of the current pub/sub connection, once subscribed
+	pendingID atomic.Int64  // CLIENT ID of a new pub/sub connection not yet subscribed
+	epoch     atomic.Uint64 // bumped on every new pub/sub connection
+	kick      chan struct{} // wakes the checker; buffered 1
 
-	psMu sync.Mutex // serialises SUBSCRIBE/UNSUBSCRIBE with the channel table
+	startOnce sync.Once
+	started   chan struct{}
+	psMu      sync.Mutex // serialises SUBSCRIBE/UNSUBSCRIBE with the channel table
 
 	mu         sync.Mutex
 	chans      map[string]*channelState
@@ -75,6 +78,7 @@ func newNotifier(node *redis.Client, sharded bool) *notifier {
 	n := &notifier{
 		sharded: sharded,
 		kick:    make(chan struct{}, 1),
+		started: make(chan struct{}),
 		chans:   make(map[string]*channelState),
 		watched: make(map[string]map[*hold]uint64),
 		pending: make(map[string]struct{}),
@@ -100,31 +104,62 @@ func newNotifier(node *redis.Client, sharded bool) *notifier {
 		if err != nil {
 			return err
 		}
-		n.pubsubID.Store(id)
-		n.epoch.Add(1)
-		n.reconnected()
+		// go-redis re-subscribes right after this hook returns: until Redis confirms, no
+		// channel of the new connection is live, and tracking must not redirect to it.
+		n.pendingID.Store(id)
+		n.unconfirmAll()
 		return nil
 	}
 	n.nc = redis.NewClient(&opt)
 	ctx, cancel := context.WithCancel(context.Background())
 	n.ctx, n.cancel = ctx, cancel
 	n.psCtx = context.WithValue(ctx, pubsubConnKey{}, n)
-	n.ps = n.nc.Subscribe(n.psCtx, invalidateChannel)
-	n.wg.Add(2)
-	go n.receiveLoop()
-	go n.checkLoop()
 	return n
+}
+
+// start opens the pub/sub connection and starts the loops, once; it returns when that is done
+// (or failed: go-redis retries the connection in the receive loop).
+func (n *notifier) start() {
+	n.startOnce.Do(func() {
+		ps := n.nc.Subscribe(n.psCtx, invalidateChannel)
+		n.psMu.Lock()
+		n.ps = ps
+		n.psMu.Unlock()
+		n.wg.Add(2)
+		go n.receiveLoop()
+		go n.checkLoop()
+		close(n.started)
+	})
+	<-n.started
 }
 
 func (n *notifier) close() {
 	n.cancel()
-	_ = n.ps.Close()
+	n.startOnce.Do(func() { close(n.started) }) // never started: nothing to stop
+	n.psMu.Lock()
+	ps := n.ps
+	n.psMu.Unlock()
+	if ps != nil {
+		_ = ps.Close()
+	}
 	n.wg.Wait()
 	_ = n.nc.Close()
 }
 
-// reconnected runs when a new pub/sub connection is up: messages may have been missed while
-// there was none, so every waiter retries and every watched key is read again.
+// unconfirmAll marks every channel as not yet subscribed on a new connection.
+func (n *notifier) unconfirmAll() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, cs := range n.chans {
+		if cs.confirmed {
+			cs.confirmed, cs.ready = false, make(chan struct{})
+		}
+	}
+}
+
+// reconnected runs when a new pub/sub connection receives invalidations: messages may have
+// been missed while there was none, so every waiter retries and every watched key is read
+// again (which re-arms tracking, redirected to the new connection).
 func (n *notifier) reconnected() {
 	n.mu.Lock()
 	n.recheckAll = true
@@ -185,7 +220,12 @@ func (n *notifier) receiveLoop() {
 		}
 		switch m := msg.(type) {
 		case *redis.Subscription:
-			if m.Kind == "subscribe" || m.Kind == "ssubscribe" {
+			switch {
+			case m.Kind == "subscribe" && m.Channel == invalidateChannel:
+				n.pubsubID.Store(n.pendingID.Load())
+				n.epoch.Add(1)
+				n.reconnected()
+			case m.Kind == "subscribe" || m.Kind == "ssubscribe":
 				n.confirm(m.Channel)
 			}
 		case *redis.Message:
@@ -431,7 +471,8 @@ func isMissingRedirect(err error) bool {
 }
 
 // check reads every pending key once on the tracking connection (one pipelined round trip)
-// and ends the leases whose owner field is gone. Only leases watched before the read was sent
+// and ends the holds whose own field ("#" + hold id) is gone: comparing the owner alone would
+// miss a delete followed by a new hold of the same owner. Only leases watched before the read was sent
 // are judged: a lease acquired meanwhile may not be in what the read returned, and its own
 // watch call has queued the key for the next round.
 func (n *notifier) check(trk *redis.Conn) error {
@@ -487,7 +528,7 @@ func (n *notifier) check(trk *redis.Conn) error {
 			if seq > judgeUpTo {
 				continue
 			}
-			if _, ok := fields[l.owner]; ok && ferr == nil {
+			if _, ok := fields["#"+l.holdID]; ok && ferr == nil {
 				confirmed = append(confirmed, l)
 				continue
 			}

@@ -85,11 +85,13 @@ func (c config) apply(opts []Option) config {
 	return c
 }
 
+// leaseTTL is the TTL as Redis gets it, in whole milliseconds, so the local deadline never
+// counts on a fraction Redis did not grant.
 func (c config) leaseTTL() time.Duration {
 	if !c.ttlSet {
 		return DefaultTTL
 	}
-	return c.ttl
+	return c.ttl.Truncate(time.Millisecond)
 }
 
 func (c config) keyPrefix() string {
@@ -114,8 +116,8 @@ func (c config) validate() error {
 	if p := c.keyPrefix(); len(p) > maxPrefixLen || strings.ContainsAny(p, "{}") {
 		return fmt.Errorf("%w: key prefix %q: must be at most %d bytes without '{' or '}'", ErrInvalid, p, maxPrefixLen)
 	}
-	if c.ownerSet && (c.owner == "" || len(c.owner) > maxOwnerLen) {
-		return fmt.Errorf("%w: owner id of %d bytes: must be 1 to %d bytes", ErrInvalid, len(c.owner), maxOwnerLen)
+	if c.ownerSet && (c.owner == "" || len(c.owner) > maxOwnerLen || c.owner[0] == '#') {
+		return fmt.Errorf("%w: owner id %.40q: must be 1 to %d bytes, not starting with '#'", ErrInvalid, c.owner, maxOwnerLen)
 	}
 	if d := c.driftFactor(); !(d >= 0 && d < 0.5) {
 		return fmt.Errorf("%w: drift %v: must be in [0, 0.5)", ErrInvalid, d)
@@ -127,6 +129,10 @@ func (c config) validate() error {
 func validateName(name string) error {
 	if name == "" {
 		return fmt.Errorf("%w: empty lock name", ErrInvalid)
+	}
+	if name[0] == '}' {
+		// The key's hash tag would be empty, spreading the lock's keys over Cluster slots.
+		return fmt.Errorf("%w: lock name %.40q: must not start with '}'", ErrInvalid, name)
 	}
 	if len(name) > maxNameLen {
 		return fmt.Errorf("%w: lock name of %d bytes: must be at most %d", ErrInvalid, len(name), maxNameLen)

@@ -127,34 +127,34 @@ func (r *renewer) renewBatch(ctx context.Context, due []*hold) {
 	pipe := rdb.Pipeline()
 	cmds := make([]*redis.Cmd, len(due))
 	for i, l := range due {
-		cmds[i] = scripts.Extend.EvalSha(ctx, pipe, []string{l.keys.lock}, l.owner, ttls[i].Milliseconds())
+		cmds[i] = scripts.Extend.EvalSha(ctx, pipe, []string{l.keys.lock}, l.holdID, ttls[i].Milliseconds())
 	}
 	_, _ = pipe.Exec(ctx)
 
 	for i, l := range due {
 		n, err := cmds[i].Int()
 		if err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
-			n, err = scripts.Extend.Run(ctx, rdb, []string{l.keys.lock}, l.owner, ttls[i].Milliseconds()).Int()
+			n, err = scripts.Extend.Run(ctx, rdb, []string{l.keys.lock}, l.holdID, ttls[i].Milliseconds()).Int()
 		}
 		switch {
 		case err != nil:
-			r.requeue(l, time.Now().Add(min(ttls[i]/10, maxRenewRetry)), time.Time{})
+			r.requeue(l, time.Now().Add(min(ttls[i]/10, maxRenewRetry)), time.Time{}, 0)
 		case n == 0:
 			l.lose(errRenewRefused)
 		default:
-			r.requeue(l, sent.Add(renewPeriod(ttls[i])), sent)
+			r.requeue(l, sent.Add(renewPeriod(ttls[i])), sent, ttls[i])
 		}
 	}
 }
 
-// requeue schedules a lease's next renewal if it is still held; a non-zero renewed moves its
-// safe deadline to renewed + TTL × (1 − drift).
-func (r *renewer) requeue(l *hold, at, renewed time.Time) {
+// requeue schedules a hold's next renewal if it is still held; a non-zero renewed moves its
+// safe deadline to renewed + ttl × (1 − drift), ttl being what that renewal sent.
+func (r *renewer) requeue(l *hold, at, renewed time.Time, ttl time.Duration) {
 	r.mu.Lock()
 	l.mu.Lock()
 	if l.state == holdHeld && l.heapIdx < 0 {
 		if !renewed.IsZero() {
-			l.setDeadlineLocked(renewed)
+			l.setDeadlineLocked(renewed, ttl)
 		}
 		l.renewAt = at
 		heap.Push(&r.h, l)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/internal/redistest"
@@ -171,4 +172,57 @@ func TestFencedSetComparesLargeTokensExactly(t *testing.T) {
 	if v, tok, err := dlock.FencedGet(ctx, rdb, key+"-missing"); err != nil || v != "" || tok != 0 {
 		t.Fatalf("FencedGet of a missing resource = %q, %d, %v", v, tok, err)
 	}
+}
+
+func TestReleaseRetryAfterAnotherHoldsReleaseKeepsTheRest(t *testing.T) {
+	rdb := redistest.Client(t)
+	k := names(t)
+	acquire(t, rdb, k, "A", "h1")
+	acquire(t, rdb, k, "A", "h2")
+	acquire(t, rdb, k, "A", "h3")
+	release(t, rdb, k, "A", "h1", false) // applied, reply lost
+	release(t, rdb, k, "A", "h2", false)
+	if n := release(t, rdb, k, "A", "h1", false); n != 1 {
+		t.Fatalf("retried release of h1 = %d, want 1 (already applied)", n)
+	}
+	if n, _ := rdb.HGet(ctxT(t), k.lock, "A").Int(); n != 1 {
+		t.Fatalf("hold count = %d after h1's retry, want 1: h3 was dropped", n)
+	}
+}
+
+func TestReleaseRetryNeverTouchesALaterHold(t *testing.T) {
+	rdb := redistest.Client(t)
+	k := names(t)
+	acquire(t, rdb, k, "A", "h1")
+	rdb.Del(ctxT(t), k.lock) // h1 expired before its release reached Redis
+	acquire(t, rdb, k, "A", "h4")
+	release(t, rdb, k, "A", "h1", false)
+	if n, _ := rdb.HGet(ctxT(t), k.lock, "A").Int(); n != 1 || rdb.HExists(ctxT(t), k.lock, "#h4").Val() != true {
+		t.Fatal("a late release of an expired hold dropped the owner's newer hold")
+	}
+}
+
+func TestExtendNeverShortensAnotherHoldsTTL(t *testing.T) {
+	c, rdb := newClient(t, dlock.WithoutCohort())
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	m := c.Mutex(name)
+	outer, err := m.Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner, err := m.Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := inner.Extend(ctx, 100*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if err := inner.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ttl := rdb.PTTL(ctx, lockKey(name)).Val(); ttl < 20*time.Second {
+		t.Fatalf("PTTL = %v after a re-entrant hold extended to 100ms: the outer hold's TTL shrank", ttl)
+	}
+	_ = outer.Unlock(ctx)
 }

@@ -1,10 +1,11 @@
 -- acquire: take, re-enter, confirm a grant of, or queue for a reentrant, fenced lock.
 --
--- KEYS[1] lock hash   {owner: holdCount}, PEXPIRE'd to the lease TTL
+-- KEYS[1] lock hash   {owner: holdCount, "#"..holdId: 1 per hold}, PEXPIRE'd to the lease TTL;
+--                     the per-hold fields make retries, releases and loss checks exact per hold
 -- KEYS[2] fence       highest fencing token reserved; +16 per fresh hold (a block of tokens,
 --                     so a process can hand the lock to its own goroutines with rising tokens)
--- KEYS[3] op log      hash: a:<owner> = hold id of the owner's last applied acquire,
---                     r:<owner> = of its last release, g:<owner> = token granted to it
+-- KEYS[3] op log      hash: r:<owner> = hold id of the owner's last freeing release,
+--                     g:<owner> = token of a lock granted to the owner while it waited
 -- KEYS[4] queue       list of waiting owners, first come first served
 -- KEYS[5] liveness    hash {waiting owner: deadline in ms of server time}
 -- ARGV[1] owner id
@@ -23,35 +24,39 @@
 -- Returns {1, token, holdCount} when the caller holds the lock after the call (fresh,
 -- re-entered, a granted lock now confirmed, or a retry of a call that already succeeded);
 -- {0, pttl} when it does not (pttl: the lock's remaining TTL in ms, -1 without TTL).
-local owner = ARGV[1]
+-- TTLs of a held lock only grow here (PEXPIRE GT): other holds of the owner may rely on them.
+local owner, mark = ARGV[1], '#' .. ARGV[3]
+
+local function fresh()
+  local v = redis.call('INCRBY', KEYS[2], BLOCK)
+  redis.call('HSET', KEYS[1], owner, 1, mark, 1)
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  redis.call('HDEL', KEYS[3], 'g:' .. owner)
+  return {1, v - BLOCK + 1, 1}
+end
 
 local count = redis.call('HGET', KEYS[1], owner)
 if count then
+  local token = tonumber(redis.call('GET', KEYS[2]) or '0') - BLOCK + 1
+  -- A retry of a call that already succeeded (its reply was lost) must not count twice.
+  if redis.call('HEXISTS', KEYS[1], mark) == 1 then
+    return {1, token, tonumber(count)}
+  end
   local granted = redis.call('HGET', KEYS[3], 'g:' .. owner)
   if granted then
     -- A release handed us the lock while we waited: take it with our own TTL.
     redis.call('HDEL', KEYS[3], 'g:' .. owner)
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    redis.call('HSET', KEYS[3], 'a:' .. owner, ARGV[3])
+    redis.call('HSET', KEYS[1], mark, 1)
+    redis.call('PEXPIRE', KEYS[1], ARGV[2], 'GT')
     return {1, tonumber(granted), 1}
   end
-  local token = tonumber(redis.call('GET', KEYS[2]) or '0') - BLOCK + 1
-  -- A retry of a call that already succeeded (its reply was lost) must not count twice.
-  if redis.call('HGET', KEYS[3], 'a:' .. owner) == ARGV[3] then
-    return {1, token, tonumber(count)}
-  end
   if ARGV[10] ~= '1' then
-    local v = redis.call('INCRBY', KEYS[2], BLOCK)
-    redis.call('HSET', KEYS[1], owner, 1)
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    redis.call('HSET', KEYS[3], 'a:' .. owner, ARGV[3])
-    redis.call('PEXPIRE', KEYS[3], ARGV[4])
-    return {1, v - BLOCK + 1, 1}
+    redis.call('DEL', KEYS[1])
+    return fresh()
   end
   count = redis.call('HINCRBY', KEYS[1], owner, 1)
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  redis.call('HSET', KEYS[3], 'a:' .. owner, ARGV[3])
-  redis.call('PEXPIRE', KEYS[3], ARGV[4])
+  redis.call('HSET', KEYS[1], mark, 1)
+  redis.call('PEXPIRE', KEYS[1], ARGV[2], 'GT')
   return {1, token, count}
 end
 
@@ -59,13 +64,7 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
   local first = grant_next(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], owner, now_ms(),
     ARGV[8], ARGV[4], ARGV[7], ARGV[9])
   if first == nil or first == owner then
-    local v = redis.call('INCRBY', KEYS[2], BLOCK)
-    redis.call('HSET', KEYS[1], owner, 1)
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    redis.call('HSET', KEYS[3], 'a:' .. owner, ARGV[3])
-    redis.call('HDEL', KEYS[3], 'g:' .. owner)
-    redis.call('PEXPIRE', KEYS[3], ARGV[4])
-    return {1, v - BLOCK + 1, 1}
+    return fresh()
   end
   -- It went to a waiter ahead of us.
 end

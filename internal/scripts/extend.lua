@@ -1,12 +1,13 @@
--- extend: reset the lock's TTL if, and only if, the owner still holds it.
+-- extend: lengthen the lock's TTL if, and only if, the hold still exists.
 --
--- KEYS[1] lock hash {owner: holdCount}
--- ARGV[1] owner id
--- ARGV[2] new TTL in milliseconds (> 0)
+-- KEYS[1] lock hash {owner: holdCount, "#"..holdId: 1 per hold}
+-- ARGV[1] hold id
+-- ARGV[2] TTL in milliseconds (> 0)
 --
--- Returns 1 when the TTL was set, 0 when the owner does not hold the lock (nothing is changed).
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+-- Returns 1 when the hold exists (its TTL is now at least ARGV[2]; it never shrinks, since
+-- other holds of the owner may rely on it), 0 when the hold is gone (nothing is changed).
+if redis.call('HEXISTS', KEYS[1], '#' .. ARGV[1]) == 1 then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2], 'GT')
   return 1
 end
 return 0

@@ -1,7 +1,7 @@
 -- release: drop one hold of a reentrant lock; at zero hand the lock to the first live waiter
 -- (direct grant: no herd, first come first served) or delete it.
 --
--- KEYS[1] lock hash   {owner: holdCount}
+-- KEYS[1] lock hash   {owner: holdCount, "#"..holdId: 1 per hold}
 -- KEYS[2] op log      hash (see acquire.lua)
 -- KEYS[3] fence
 -- KEYS[4] queue       list of waiting owners
@@ -10,48 +10,56 @@
 -- ARGV[2] hold id of the hold being released (the id its acquire used)
 -- ARGV[3] op log TTL in ms
 -- ARGV[4] notification channel
--- ARGV[5] "1" to release only if the acquire with hold id ARGV[2] was applied: the clean-up
---         after an acquire whose reply was lost, which must not drop an older hold instead
+-- ARGV[5] "1" to release only if the hold exists, never reporting it as already released: the
+--         clean-up after an acquire whose reply was lost
 -- ARGV[6] grace in ms: TTL of a lock granted to a waiter until it confirms
 -- ARGV[7] PUBLISH or SPUBLISH
--- ARGV[8] "1" to also leave the queue (a waiter giving up; it may have been granted the lock)
+-- ARGV[8] "1" for a waiter giving up: leave the queue, and pass on a lock granted to it
 --
 -- Returns 3 when the lock was handed to a waiter ("g <owner>" published), 2 when it was
--- freed ("r" published), 1 when one of several holds was dropped (or an earlier attempt of
--- this release was already applied), 0 when the owner does not hold the lock.
-local owner = ARGV[1]
+-- freed ("r" published), 1 when one of several holds was dropped or this release had already
+-- been applied (a retry after a lost reply), 0 when the hold does not exist (expired, deleted,
+-- taken) and was not released by this call's earlier attempt.
+local owner, mark = ARGV[1], '#' .. ARGV[2]
+
+local function hand_on()
+  redis.call('DEL', KEYS[1])
+  if grant_next(KEYS[1], KEYS[3], KEYS[2], KEYS[4], KEYS[5], '', now_ms(),
+      ARGV[6], ARGV[3], ARGV[4], ARGV[7]) then
+    return 3
+  end
+  redis.call(ARGV[7], ARGV[4], 'r')
+  return 2
+end
 
 if ARGV[8] == '1' then
   redis.call('LREM', KEYS[4], 0, owner)
   redis.call('HDEL', KEYS[5], owner)
-  -- Only a lock granted to us and not yet confirmed is ours to give back here; if its grace
-  -- ran out the key may be someone else's by now.
+  -- A lock granted to us and not yet confirmed is ours to pass on; if its grace ran out the
+  -- key may be someone else's by now, so check it still names us.
   local granted = redis.call('HGET', KEYS[2], 'g:' .. owner)
   redis.call('HDEL', KEYS[2], 'g:' .. owner)
-  if not granted then
-    return 0
+  if granted and redis.call('HGET', KEYS[1], owner) then
+    return hand_on()
   end
-else
-  if redis.call('HGET', KEYS[2], 'r:' .. owner) == ARGV[2] then
-    return 1
-  end
-  if ARGV[5] == '1' and redis.call('HGET', KEYS[2], 'a:' .. owner) ~= ARGV[2] then
-    return 0
-  end
-end
-if not redis.call('HGET', KEYS[1], owner) then
   return 0
 end
-local n = redis.call('HINCRBY', KEYS[1], owner, -1)
-redis.call('HSET', KEYS[2], 'r:' .. owner, ARGV[2])
-redis.call('PEXPIRE', KEYS[2], ARGV[3])
-if n > 0 then
+
+if redis.call('HEXISTS', KEYS[1], mark) == 0 then
+  if ARGV[5] == '1' then
+    return 0
+  end
+  -- The hold's field goes only with its release or with the whole lock: if the owner still
+  -- holds, or its last freeing release was this one, the release was applied before.
+  if redis.call('HEXISTS', KEYS[1], owner) == 1 or redis.call('HGET', KEYS[2], 'r:' .. owner) == ARGV[2] then
+    return 1
+  end
+  return 0
+end
+redis.call('HDEL', KEYS[1], mark)
+if redis.call('HINCRBY', KEYS[1], owner, -1) > 0 then
   return 1
 end
-redis.call('DEL', KEYS[1])
-if grant_next(KEYS[1], KEYS[3], KEYS[2], KEYS[4], KEYS[5], '', now_ms(),
-    ARGV[6], ARGV[3], ARGV[4], ARGV[7]) then
-  return 3
-end
-redis.call(ARGV[7], ARGV[4], 'r')
-return 2
+redis.call('HSET', KEYS[2], 'r:' .. owner, ARGV[2])
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+return hand_on()
