@@ -52,6 +52,21 @@ func TestLossPushedAfterExternalDel(t *testing.T) {
 		lat[len(lat)/2], lat[len(lat)*99/100], lat[len(lat)-1], len(lat))
 }
 
+func TestLossFoundWhenDeletedBeforeTrackingIsArmed(t *testing.T) {
+	c, rdb := newClient(t)
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	l, err := c.Mutex(name).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb.Del(ctx, lockKey(name)) // before the arming read: that read must find it gone
+	waitDone(t, l, 2*time.Second)
+	if !errors.Is(l.Err(), dlock.ErrLeaseLost) {
+		t.Fatalf("Err = %v, want ErrLeaseLost", l.Err())
+	}
+}
+
 func TestLossPushedWhenTakenOrOverwritten(t *testing.T) {
 	c, rdb := newClient(t)
 	ctx := ctxT(t)

@@ -17,10 +17,11 @@ import (
 const invalidateChannel = "__redis__:invalidate"
 
 const (
-	receiveTimeout   = 10 * time.Second // idle time before the notifier pings its connection
-	confirmTimeout   = 2 * time.Second  // how long a waiter waits for SUBSCRIBE to be confirmed
-	idleChannelAfter = 10 * time.Second // unused release channels are unsubscribed after this
-	trackerTimeout   = 2 * time.Second  // bound on one tracking round trip
+	receiveTimeout   = 10 * time.Second     // idle time before the notifier pings its connection
+	confirmTimeout   = 2 * time.Second      // how long a waiter waits for SUBSCRIBE to be confirmed
+	idleChannelAfter = 10 * time.Second     // unused release channels are unsubscribed after this
+	trackerTimeout   = 2 * time.Second      // bound on one tracking round trip
+	trackDelay       = 2 * time.Millisecond // a new hold's key is read (tracked) this long after it is taken
 )
 
 // notifier owns the one notification connection a Client keeps per Redis node. It serves two
@@ -356,7 +357,8 @@ func (n *notifier) unsubscribeIdle() {
 	}
 }
 
-// watch makes lease's loss detectable by push: its key is read (and tracked) right away.
+// watch makes a hold's loss detectable by push: its key is read (and so tracked) trackDelay
+// after it was taken.
 func (n *notifier) watch(key string, l *hold) {
 	n.mu.Lock()
 	set := n.watched[key]
@@ -366,9 +368,20 @@ func (n *notifier) watch(key string, l *hold) {
 	}
 	n.watchSeq++
 	set[l] = n.watchSeq
-	n.pending[key] = struct{}{}
 	n.mu.Unlock()
-	n.poke()
+	// Arm tracking a moment later: most contended holds end sooner and never cost a read, while
+	// a change before the read is still caught by it, well within the 5 ms loss-detection goal.
+	time.AfterFunc(trackDelay, func() {
+		n.mu.Lock()
+		_, ok := n.watched[key][l]
+		if ok {
+			n.pending[key] = struct{}{}
+		}
+		n.mu.Unlock()
+		if ok {
+			n.poke()
+		}
+	})
 }
 
 func (n *notifier) unwatch(key string, l *hold) {
