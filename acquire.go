@@ -43,7 +43,7 @@ func (c *Client) tryHold(ctx context.Context, s holdSpec, queue bool) (*hold, ti
 	res, err := scripts.Acquire.Run(ctx, c.rdb, []string{k.lock, k.fence, k.opLog, k.queue, k.live},
 		s.owner, ttl.Milliseconds(), holdID, opLogTTL.Milliseconds(), queue,
 		livenessWindow.Milliseconds(), k.channel, grantGrace.Milliseconds(), c.publishCmd,
-		s.reentrant).Int64Slice()
+		s.reentrant, queueTTL.Milliseconds()).Int64Slice()
 	if err != nil {
 		if !isRedisReply(err) {
 			// The script may have run with its reply lost: undo it in the background so the

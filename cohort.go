@@ -12,10 +12,10 @@ import (
 const (
 	// cohortBlock is how many tokens a hold reserves (see grant.lua) and so the most local
 	// hand-offs one Redis hold can serve.
-	cohortBlock = 16
+	cohortBlock = 64
 	// cohortBatchTime bounds how long a Client keeps a contended lock for its own goroutines
 	// before passing it to the next process in the Redis queue.
-	cohortBatchTime = 5 * time.Millisecond
+	cohortBatchTime = 6 * time.Millisecond
 )
 
 // A cohort is a Client's local queue for one lock (lock cohorting): the Client takes the Redis

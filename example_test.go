@@ -64,5 +64,5 @@ func Example_fencing() {
 	// Output:
 	// current holder writes: <nil>
 	// stalled holder's write refused: true
-	// stock: 41 written with token 17
+	// stock: 41 written with token 65
 }

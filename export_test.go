@@ -15,3 +15,6 @@ func CohortWaiters(c *Client, name string) int {
 	defer co.mu.Unlock()
 	return len(co.queue)
 }
+
+// CohortBlock is the number of tokens a hold reserves, for tests to check against grant.lua.
+const CohortBlock = cohortBlock

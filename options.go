@@ -27,6 +27,7 @@ const (
 	livenessWindow  = 750 * time.Millisecond
 	livenessRefresh = 250 * time.Millisecond
 	grantGrace      = 500 * time.Millisecond
+	queueTTL        = time.Minute // a lock's queue keys vanish this long after the last new waiter
 	minRenewPeriod  = time.Millisecond
 )
 

@@ -2,7 +2,9 @@ package dlock_test
 
 import (
 	"errors"
+	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -25,7 +27,7 @@ func names(t *testing.T) lockNames {
 func acquireArgs(t *testing.T, rdb *redis.Client, k lockNames, owner, holdID string, queue, reentrant bool) []int64 {
 	t.Helper()
 	res, err := scripts.Acquire.Run(ctxT(t), rdb, []string{k.lock, k.fence, k.log, k.queue, k.live},
-		owner, 30000, holdID, 60000, queue, 750, k.channel, 500, "PUBLISH", reentrant).Int64Slice()
+		owner, 30000, holdID, 60000, queue, 750, k.channel, 500, "PUBLISH", reentrant, 60000).Int64Slice()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -225,4 +227,14 @@ func TestExtendNeverShortensAnotherHoldsTTL(t *testing.T) {
 		t.Fatalf("PTTL = %v after a re-entrant hold extended to 100ms: the outer hold's TTL shrank", ttl)
 	}
 	_ = outer.Unlock(ctx)
+}
+
+func TestTokenBlockIsTheSameInGoAndLua(t *testing.T) {
+	src, err := os.ReadFile("internal/scripts/grant.lua")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "local BLOCK = " + strconv.Itoa(dlock.CohortBlock) + "\n"; !strings.Contains(string(src), want) {
+		t.Fatalf("grant.lua does not say %q: the cohort would hand out tokens of another hold's block", want)
+	}
 }

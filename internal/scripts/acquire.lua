@@ -2,7 +2,7 @@
 --
 -- KEYS[1] lock hash   {owner: holdCount, "#"..holdId: 1 per hold}, PEXPIRE'd to the lease TTL;
 --                     the per-hold fields make retries, releases and loss checks exact per hold
--- KEYS[2] fence       highest fencing token reserved; +16 per fresh hold (a block of tokens,
+-- KEYS[2] fence       highest fencing token reserved; +BLOCK per fresh hold (a block of tokens,
 --                     so a process can hand the lock to its own goroutines with rising tokens)
 -- KEYS[3] op log      hash: r:<owner> = hold id of the owner's last freeing release,
 --                     g:<owner> = token of a lock granted to the owner while it waited
@@ -20,6 +20,7 @@
 -- ARGV[10] "1" if the owner re-enters its own holds (counted); "0" for a Client's cohort,
 --          whose own hold still found in Redis is stale (it lost track of it) and is re-taken
 --          as a fresh hold with a new token block
+-- ARGV[11] queue keys' TTL in ms: a queue nobody joins for this long disappears
 --
 -- Returns {1, token, holdCount} when the caller holds the lock after the call (fresh,
 -- re-entered, a granted lock now confirmed, or a retry of a call that already succeeded);
@@ -31,16 +32,15 @@ local function fresh()
   local v = redis.call('INCRBY', KEYS[2], BLOCK)
   redis.call('HSET', KEYS[1], owner, 1, mark, 1)
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  redis.call('HDEL', KEYS[3], 'g:' .. owner)
+  redis.call('HDEL', KEYS[3], 'g:' .. owner) -- a grant that ran out unconfirmed is void
   return {1, v - BLOCK + 1, 1}
 end
 
 local count = redis.call('HGET', KEYS[1], owner)
 if count then
-  local token = tonumber(redis.call('GET', KEYS[2]) or '0') - BLOCK + 1
   -- A retry of a call that already succeeded (its reply was lost) must not count twice.
   if redis.call('HEXISTS', KEYS[1], mark) == 1 then
-    return {1, token, tonumber(count)}
+    return {1, tonumber(redis.call('GET', KEYS[2])) - BLOCK + 1, tonumber(count)}
   end
   local granted = redis.call('HGET', KEYS[3], 'g:' .. owner)
   if granted then
@@ -57,25 +57,25 @@ if count then
   count = redis.call('HINCRBY', KEYS[1], owner, 1)
   redis.call('HSET', KEYS[1], mark, 1)
   redis.call('PEXPIRE', KEYS[1], ARGV[2], 'GT')
-  return {1, token, count}
+  return {1, tonumber(redis.call('GET', KEYS[2])) - BLOCK + 1, count}
 end
 
 if redis.call('EXISTS', KEYS[1]) == 0 then
-  local first = grant_next(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], owner, now_ms(),
-    ARGV[8], ARGV[4], ARGV[7], ARGV[9])
-  if first == nil or first == owner then
+  local head = next_waiter(KEYS[4], KEYS[5])
+  if head == nil or head == owner then
     return fresh()
   end
-  -- It went to a waiter ahead of us.
+  -- It goes to the waiter ahead of us.
+  local token = grant(KEYS[1], KEYS[2], head, ARGV[8], ARGV[7], ARGV[9])
+  redis.call('HSET', KEYS[3], 'g:' .. head, token)
+  redis.call('PEXPIRE', KEYS[3], ARGV[4])
 end
 
 if ARGV[5] == '1' then
-  if redis.call('HEXISTS', KEYS[5], owner) == 0 then
-    redis.call('RPUSH', KEYS[4], owner)
+  if redis.call('HSET', KEYS[5], owner, now_ms() + tonumber(ARGV[6])) == 1 then
+    redis.call('RPUSH', KEYS[4], owner) -- a new waiter (a refresh only moves its deadline)
+    redis.call('PEXPIRE', KEYS[4], ARGV[11])
+    redis.call('PEXPIRE', KEYS[5], ARGV[11])
   end
-  redis.call('HSET', KEYS[5], owner, now_ms() + tonumber(ARGV[6]))
-  -- The queue disappears on its own once no waiter refreshes it.
-  redis.call('PEXPIRE', KEYS[4], 4 * tonumber(ARGV[6]))
-  redis.call('PEXPIRE', KEYS[5], 4 * tonumber(ARGV[6]))
 end
 return {0, redis.call('PTTL', KEYS[1])}

@@ -22,11 +22,24 @@
 -- taken) and was not released by this call's earlier attempt.
 local owner, mark = ARGV[1], '#' .. ARGV[2]
 
-local function hand_on()
+-- hand_on frees the lock: to the first live waiter if any. log is the op log field the
+-- caller records with it ('r:'..owner for a release, nil when a waiter gives up).
+local function hand_on(log)
   redis.call('DEL', KEYS[1])
-  if grant_next(KEYS[1], KEYS[3], KEYS[2], KEYS[4], KEYS[5], '', now_ms(),
-      ARGV[6], ARGV[3], ARGV[4], ARGV[7]) then
+  local head = next_waiter(KEYS[4], KEYS[5])
+  if head then
+    local token = grant(KEYS[1], KEYS[3], head, ARGV[6], ARGV[4], ARGV[7])
+    if log then
+      redis.call('HSET', KEYS[2], log, ARGV[2], 'g:' .. head, token)
+    else
+      redis.call('HSET', KEYS[2], 'g:' .. head, token)
+    end
+    redis.call('PEXPIRE', KEYS[2], ARGV[3])
     return 3
+  end
+  if log then
+    redis.call('HSET', KEYS[2], log, ARGV[2])
+    redis.call('PEXPIRE', KEYS[2], ARGV[3])
   end
   redis.call(ARGV[7], ARGV[4], 'r')
   return 2
@@ -38,9 +51,11 @@ if ARGV[8] == '1' then
   -- A lock granted to us and not yet confirmed is ours to pass on; if its grace ran out the
   -- key may be someone else's by now, so check it still names us.
   local granted = redis.call('HGET', KEYS[2], 'g:' .. owner)
-  redis.call('HDEL', KEYS[2], 'g:' .. owner)
-  if granted and redis.call('HGET', KEYS[1], owner) then
-    return hand_on()
+  if granted then
+    redis.call('HDEL', KEYS[2], 'g:' .. owner)
+    if redis.call('HGET', KEYS[1], owner) then
+      return hand_on(nil)
+    end
   end
   return 0
 end
@@ -56,10 +71,9 @@ if redis.call('HEXISTS', KEYS[1], mark) == 0 then
   end
   return 0
 end
-redis.call('HDEL', KEYS[1], mark)
-if redis.call('HINCRBY', KEYS[1], owner, -1) > 0 then
+if redis.call('HGET', KEYS[1], owner) ~= '1' then
+  redis.call('HDEL', KEYS[1], mark)
+  redis.call('HINCRBY', KEYS[1], owner, -1)
   return 1
 end
-redis.call('HSET', KEYS[2], 'r:' .. owner, ARGV[2])
-redis.call('PEXPIRE', KEYS[2], ARGV[3])
-return hand_on()
+return hand_on('r:' .. owner)
