@@ -82,30 +82,35 @@ func (c *Client) tryHold(ctx context.Context, s holdSpec, queue bool) (*hold, ti
 }
 
 // waitHold takes a hold, waiting in the lock's FIFO until a release grants it or ctx ends.
-// It subscribes to the lock's channel before each retry, so a grant cannot be missed, and
-// re-tries at the holder's remaining TTL or the liveness refresh, whichever comes first (the
-// retry also refreshes its place in the queue). It does not poll otherwise.
-func (c *Client) waitHold(ctx context.Context, s holdSpec) (*hold, error) {
-	h, wait, err := c.tryHold(ctx, s, true)
-	if h != nil || !errors.Is(err, ErrNotObtained) {
-		return h, err
-	}
+// It subscribes to the lock's channel before an attempt that may leave it waiting, so a grant
+// cannot be missed, and re-tries at the holder's remaining TTL or the liveness refresh,
+// whichever comes first (the retry also refreshes its place in the queue). It does not poll
+// otherwise. With contended set (the caller knows the lock is taken) or when the channel is
+// already subscribed, it subscribes before its first attempt, saving one; otherwise the first
+// attempt goes without, so an uncontended lock costs no subscription.
+func (c *Client) waitHold(ctx context.Context, s holdSpec, contended bool) (*hold, error) {
+	n := c.notifierFor(ctx, s.keys.lock)
 	var sub *subscription
-	if n := c.notifierFor(ctx, s.keys.lock); n != nil {
+	if n != nil && (contended || n.subscribed(s.keys.channel)) {
 		sub = n.subscribe(ctx, s.keys.channel, s.owner)
 		defer sub.close()
 	}
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
-		// Attempt after subscribing: a grant between the first attempt and the subscription
-		// would otherwise go unnoticed until the next retry.
-		h, wait, err = c.tryHold(ctx, s, true)
+		h, wait, err := c.tryHold(ctx, s, true)
 		if h != nil || !errors.Is(err, ErrNotObtained) {
 			if err != nil && (ctx.Err() != nil || c.checkOpen() != nil) {
 				c.leaveQueue(s)
 			}
 			return h, err
+		}
+		if sub == nil && n != nil {
+			// Subscribe, then attempt again at once: a grant between the attempt and the
+			// subscription would otherwise go unnoticed until the next retry.
+			sub = n.subscribe(ctx, s.keys.channel, s.owner)
+			defer sub.close()
+			continue
 		}
 		var wake <-chan struct{}
 		wait = min(wait, livenessRefresh)

@@ -15,7 +15,7 @@ const (
 	cohortBlock = 64
 	// cohortBatchTime bounds how long a Client keeps a contended lock for its own goroutines
 	// before passing it to the next process in the Redis queue.
-	cohortBatchTime = 6 * time.Millisecond
+	cohortBatchTime = 5 * time.Millisecond
 )
 
 // A cohort is a Client's local queue for one lock (lock cohorting): the Client takes the Redis
@@ -186,7 +186,7 @@ func (co *cohort) kickLocked() {
 func (co *cohort) acquire(ctx context.Context, cancel context.CancelFunc) {
 	defer co.c.wg.Done()
 	defer cancel()
-	h, err := co.c.waitHold(ctx, co.spec)
+	h, err := co.c.waitHold(ctx, co.spec, true)
 	co.mu.Lock()
 	co.busy, co.stopAcq = false, nil
 	switch {

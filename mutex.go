@@ -75,7 +75,7 @@ func (m *Mutex) lock(ctx context.Context, wait bool) (*Lease, error) {
 	var h *hold
 	var err error
 	if wait {
-		h, err = m.c.waitHold(ctx, s)
+		h, err = m.c.waitHold(ctx, s, false)
 	} else {
 		h, _, err = m.c.tryHold(ctx, s, false)
 	}

@@ -280,6 +280,14 @@ func (n *notifier) subscribeCmd(channel string) error {
 	return n.ps.Subscribe(n.psCtx, channel)
 }
 
+// subscribed reports whether channel is already subscribed and confirmed (a hot lock).
+func (n *notifier) subscribed(channel string) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	cs := n.chans[channel]
+	return cs != nil && cs.confirmed
+}
+
 // A subscription is one waiter's interest in a release channel.
 type subscription struct {
 	n         *notifier
