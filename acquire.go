@@ -24,6 +24,7 @@ type holdSpec struct {
 	cfg       config
 	owner     string
 	reentrant bool // false for a cohort: its own hold found in Redis is stale and re-taken
+	noBarge   bool // a cohort's acquirer: never take a free lock ahead of waiting processes
 }
 
 // tryHold runs the acquire script once. With queue set, a caller that does not get the lock
@@ -37,13 +38,17 @@ func (c *Client) tryHold(ctx context.Context, s holdSpec, queue bool) (*hold, ti
 		return nil, 0, fmt.Errorf("%w: lock %q", err, s.name)
 	}
 	ttl := s.cfg.leaseTTL()
+	barge := bargeWindow
+	if s.noBarge {
+		barge = 0
+	}
 	holdID := c.nextHoldID()
 	k := s.keys
 	sent := time.Now()
 	res, err := scripts.Acquire.Run(ctx, c.rdb, []string{k.lock, k.fence, k.opLog, k.queue, k.live},
 		s.owner, ttl.Milliseconds(), holdID, opLogTTL.Milliseconds(), queue,
 		livenessWindow.Milliseconds(), k.channel, grantGrace.Milliseconds(), c.publishCmd,
-		s.reentrant, queueTTL.Milliseconds()).Int64Slice()
+		s.reentrant, queueTTL.Milliseconds(), barge.Milliseconds()).Int64Slice()
 	if err != nil {
 		if !isRedisReply(err) {
 			// The script may have run with its reply lost: undo it in the background so the

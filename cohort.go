@@ -16,6 +16,15 @@ const (
 	// cohortBatchTime bounds how long a Client keeps a contended lock for its own goroutines
 	// before passing it to the next process in the Redis queue.
 	cohortBatchTime = 5 * time.Millisecond
+	// cohortLinger is how long a Client keeps a lock it had to wait for after its last local
+	// holder left, in case a goroutine locks again at once (a loop): it then gets the lock
+	// without a round trip, within the same batch bounds. An uncontended hold is released at
+	// once.
+	cohortLinger = 500 * time.Microsecond
+	// cohortLingerBatch bounds a batch served by lingering (one goroutine re-locking in a
+	// loop) tighter than cohortBatchTime, since every other process then waits for one
+	// goroutine's run.
+	cohortLingerBatch = 2 * time.Millisecond
 )
 
 // A cohort is a Client's local queue for one lock (lock cohorting): the Client takes the Redis
@@ -37,6 +46,8 @@ type cohort struct {
 	queue   []*cohortWaiter
 	busy    bool               // a goroutine is taking or releasing the Redis hold
 	stopAcq context.CancelFunc // ends the acquirer's Redis wait when the queue empties
+	waited  bool               // h was obtained by waiting: other processes want this lock
+	linger  *time.Timer        // releases a lingering h (see cohortLinger)
 }
 
 type cohortWaiter struct {
@@ -91,9 +102,15 @@ func (co *cohort) lock(ctx context.Context, m *Mutex, wait bool) (l *Lease, err 
 		return l, nil, false
 	}
 	if co.holder == nil && len(co.queue) == 0 && co.canHandOffLocked() {
+		co.stopLingerLocked()
 		l := co.grantLocked(m)
 		co.mu.Unlock()
 		return l, nil, false
+	}
+	if co.holder == nil && co.h != nil && !co.busy {
+		// Lingering past the batch bounds: give it back now; this caller queues for the next.
+		co.stopLingerLocked()
+		co.releaseLaterLocked()
 	}
 	if co.h == nil && !co.busy && len(co.queue) == 0 {
 		// Idle: try Redis from this goroutine, saving a hand-off in the uncontended case.
@@ -102,7 +119,7 @@ func (co *cohort) lock(ctx context.Context, m *Mutex, wait bool) (l *Lease, err 
 		h, _, err := co.c.tryHold(ctx, co.spec, false)
 		co.mu.Lock()
 		co.busy = false
-		if h != nil && co.installLocked(h) {
+		if h != nil && co.installLocked(h, false) {
 			l := co.grantLocked(m)
 			co.mu.Unlock()
 			return l, nil, false
@@ -151,11 +168,11 @@ func (co *cohort) canHandOffLocked() bool {
 
 // installLocked makes h the Client's hold for this lock. It reports false if h was lost
 // before it could be installed.
-func (co *cohort) installLocked(h *hold) bool {
+func (co *cohort) installLocked(h *hold, waited bool) bool {
 	if ended, _ := h.setOnEnd(func(err error) { co.holdEnded(h, err) }); ended {
 		return false
 	}
-	co.h, co.next, co.since = h, h.token, time.Now()
+	co.h, co.next, co.since, co.waited = h, h.token, time.Now(), waited
 	return true
 }
 
@@ -186,7 +203,11 @@ func (co *cohort) kickLocked() {
 func (co *cohort) acquire(ctx context.Context, cancel context.CancelFunc) {
 	defer co.c.wg.Done()
 	defer cancel()
-	h, err := co.c.waitHold(ctx, co.spec, true)
+	// The acquirer serves goroutines that found the lock taken, often right after this Client
+	// let it go at the end of a batch: it must queue behind the other processes, not barge.
+	s := co.spec
+	s.noBarge = true
+	h, err := co.c.waitHold(ctx, s, true)
 	co.mu.Lock()
 	co.busy, co.stopAcq = false, nil
 	switch {
@@ -197,7 +218,7 @@ func (co *cohort) acquire(ctx context.Context, cancel context.CancelFunc) {
 			w.ready <- grantResult{err: err}
 		}
 		co.queue = nil
-	case !co.installLocked(h):
+	case !co.installLocked(h, true):
 		co.kickLocked() // lost at once: try again for the waiters
 	case len(co.queue) > 0:
 		co.grantHeadLocked()
@@ -238,8 +259,43 @@ func (co *cohort) unlock(ctx context.Context, l *Lease) error {
 		l.finish(nil, true)
 		return nil
 	}
+	if len(co.queue) == 0 && co.waited && co.canHandOffLocked() && time.Since(co.since) < cohortLingerBatch {
+		wait := min(cohortLinger, cohortLingerBatch-time.Since(co.since))
+		co.linger = time.AfterFunc(wait, co.lingerOver)
+		co.mu.Unlock()
+		l.finish(nil, true)
+		return nil
+	}
 	co.mu.Unlock()
 	return co.releaseHold(ctx, l)
+}
+
+// lingerOver releases a lingering hold nobody took up.
+func (co *cohort) lingerOver() {
+	co.mu.Lock()
+	defer co.mu.Unlock()
+	if co.linger != nil && co.holder == nil && co.h != nil && !co.busy {
+		co.linger = nil
+		co.releaseLaterLocked()
+	}
+}
+
+func (co *cohort) stopLingerLocked() {
+	if co.linger != nil {
+		co.linger.Stop()
+		co.linger = nil
+	}
+}
+
+// releaseLaterLocked releases the Client's hold from a background goroutine.
+func (co *cohort) releaseLaterLocked() {
+	if !co.c.goBackground() {
+		return // closing: Close releases it
+	}
+	go func() {
+		defer co.c.wg.Done()
+		_ = co.releaseHold(context.Background(), nil)
+	}()
 }
 
 // releaseHold gives the Client's hold back to Redis (to the next process in the queue) and,
@@ -249,6 +305,7 @@ func (co *cohort) releaseHold(ctx context.Context, l *Lease) error {
 	co.mu.Lock()
 	h := co.h
 	co.h, co.busy = nil, true
+	co.stopLingerLocked()
 	co.mu.Unlock()
 	var err error
 	switch {
@@ -280,6 +337,7 @@ func (co *cohort) holdEnded(h *hold, err error) {
 		return
 	}
 	co.h = nil
+	co.stopLingerLocked()
 	leases := co.leases
 	co.holder, co.leases = nil, nil
 	co.kickLocked()

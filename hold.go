@@ -129,7 +129,8 @@ func runRelease(ctx context.Context, c *Client, k keys, owner, holdID string, mo
 	return scripts.Release.Run(ctx, c.rdb,
 		[]string{k.lock, k.opLog, k.fence, k.queue, k.live},
 		owner, holdID, opLogTTL.Milliseconds(), k.channel, mode == releaseIfAcquired,
-		grantGrace.Milliseconds(), c.publishCmd, mode == releaseLeavingQueue).Int()
+		grantGrace.Milliseconds(), c.publishCmd, mode == releaseLeavingQueue,
+		bargeWindow.Milliseconds()).Int()
 }
 
 func leaseLost(name string, cause error) error {

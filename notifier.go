@@ -233,11 +233,12 @@ func (n *notifier) receiveLoop() {
 			if m.Channel == invalidateChannel {
 				n.invalidated(m.PayloadSlice)
 			} else {
-				// "g <owner>": a release granted the lock to owner, the only waiter to wake;
-				// "r": freed with nobody queued, so anyone may take it.
-				owner, _ := strings.CutPrefix(m.Payload, "g ")
-				if owner == m.Payload {
-					owner = ""
+				// "g <owner>": a release granted the lock to owner; "w <owner>": it freed the
+				// lock for owner, first in line, to compete for; either way only that waiter
+				// wakes. "r": freed with nobody queued, so anyone may take it.
+				owner := ""
+				if len(m.Payload) > 2 && m.Payload[1] == ' ' {
+					owner = m.Payload[2:]
 				}
 				n.mu.Lock()
 				if cs := n.chans[m.Channel]; cs != nil {

@@ -28,7 +28,12 @@ const (
 	livenessRefresh = 250 * time.Millisecond
 	grantGrace      = 500 * time.Millisecond
 	queueTTL        = time.Minute // a lock's queue keys vanish this long after the last new waiter
-	minRenewPeriod  = time.Millisecond
+	// A caller outside the queue may take a free lock ahead of a first waiter that has waited
+	// less than bargeWindow (bounded barging, as in sync.Mutex): a process that releases and
+	// re-locks at once keeps going instead of paying a cross-process hand-off each time, and
+	// no waiter waits longer than bargeWindow for it.
+	bargeWindow    = 4 * time.Millisecond
+	minRenewPeriod = time.Millisecond
 )
 
 // An Option configures a Client (the default for all its mutexes) or a single Mutex.

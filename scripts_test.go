@@ -27,7 +27,7 @@ func names(t *testing.T) lockNames {
 func acquireArgs(t *testing.T, rdb *redis.Client, k lockNames, owner, holdID string, queue, reentrant bool) []int64 {
 	t.Helper()
 	res, err := scripts.Acquire.Run(ctxT(t), rdb, []string{k.lock, k.fence, k.log, k.queue, k.live},
-		owner, 30000, holdID, 60000, queue, 750, k.channel, 500, "PUBLISH", reentrant, 60000).Int64Slice()
+		owner, 30000, holdID, 60000, queue, 750, k.channel, 500, "PUBLISH", reentrant, 60000, 0).Int64Slice()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +42,7 @@ func acquire(t *testing.T, rdb *redis.Client, k lockNames, owner, holdID string)
 func releaseArgs(t *testing.T, rdb *redis.Client, k lockNames, owner, holdID string, onlyIfAcquired, leaving bool) int64 {
 	t.Helper()
 	n, err := scripts.Release.Run(ctxT(t), rdb, []string{k.lock, k.log, k.fence, k.queue, k.live},
-		owner, holdID, 60000, k.channel, onlyIfAcquired, 500, "PUBLISH", leaving).Int64()
+		owner, holdID, 60000, k.channel, onlyIfAcquired, 500, "PUBLISH", leaving, 0).Int64()
 	if err != nil {
 		t.Fatal(err)
 	}

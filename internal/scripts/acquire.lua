@@ -6,7 +6,7 @@
 --                     so a process can hand the lock to its own goroutines with rising tokens)
 -- KEYS[3] op log      hash: r:<owner> = hold id of the owner's last freeing release,
 --                     g:<owner> = token of a lock granted to the owner while it waited
--- KEYS[4] queue       list of waiting owners, first come first served
+-- KEYS[4] queue       sorted set of waiting owners scored by when they joined (ms): FIFO
 -- KEYS[5] liveness    hash {waiting owner: deadline in ms of server time}
 -- ARGV[1] owner id
 -- ARGV[2] lease TTL in ms
@@ -21,6 +21,9 @@
 --          whose own hold still found in Redis is stale (it lost track of it) and is re-taken
 --          as a fresh hold with a new token block
 -- ARGV[11] queue keys' TTL in ms: a queue nobody joins for this long disappears
+-- ARGV[12] barging window in ms: a caller outside the queue may take a free lock ahead of a
+--          first waiter that has waited less than this (0: never), as a new goroutine may
+--          take a sync.Mutex ahead of a waiter that has not starved yet
 --
 -- Returns {1, token, holdCount} when the caller holds the lock after the call (fresh,
 -- re-entered, a granted lock now confirmed, or a retry of a call that already succeeded);
@@ -61,19 +64,28 @@ if count then
 end
 
 if redis.call('EXISTS', KEYS[1]) == 0 then
-  local head = next_waiter(KEYS[4], KEYS[5])
-  if head == nil or head == owner then
+  local head, waited = first_waiter(KEYS[4], KEYS[5])
+  if head == nil then
     return fresh()
   end
+  if head == owner then
+    leave_queue(KEYS[4], KEYS[5], owner)
+    return fresh()
+  end
+  if waited < tonumber(ARGV[12]) and redis.call('HEXISTS', KEYS[5], owner) == 0 then
+    return fresh() -- barging: the first waiter has not waited long and was woken to compete
+  end
   -- It goes to the waiter ahead of us.
+  leave_queue(KEYS[4], KEYS[5], head)
   local token = grant(KEYS[1], KEYS[2], head, ARGV[8], ARGV[7], ARGV[9])
   redis.call('HSET', KEYS[3], 'g:' .. head, token)
   redis.call('PEXPIRE', KEYS[3], ARGV[4])
 end
 
 if ARGV[5] == '1' then
-  if redis.call('HSET', KEYS[5], owner, now_ms() + tonumber(ARGV[6])) == 1 then
-    redis.call('RPUSH', KEYS[4], owner) -- a new waiter (a refresh only moves its deadline)
+  local now = now_ms()
+  if redis.call('HSET', KEYS[5], owner, now + tonumber(ARGV[6])) == 1 then
+    redis.call('ZADD', KEYS[4], 'NX', now, owner) -- a new waiter (a refresh only moves its deadline)
     redis.call('PEXPIRE', KEYS[4], ARGV[11])
     redis.call('PEXPIRE', KEYS[5], ARGV[11])
   end

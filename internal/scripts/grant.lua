@@ -12,18 +12,27 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- next_waiter pops the queue up to its first live waiter and returns it (nil when nobody
--- live waits). The lock key must be absent.
-local function next_waiter(k_queue, k_live)
-  if redis.call('LLEN', k_queue) == 0 then return nil end
-  local now = now_ms()
+-- first_waiter returns the first live waiter of the queue (a sorted set scored by the time,
+-- in ms, each waiter joined) and how long it has waited, dropping dead waiters on the way;
+-- nil when nobody live waits.
+local function first_waiter(k_queue, k_live)
+  local now
   while true do
-    local head = redis.call('LPOP', k_queue)
-    if not head then return nil end
-    local alive = tonumber(redis.call('HGET', k_live, head) or '0') >= now
-    redis.call('HDEL', k_live, head)
-    if alive then return head end
+    local e = redis.call('ZRANGE', k_queue, 0, 0, 'WITHSCORES')
+    if #e == 0 then return nil end
+    now = now or now_ms()
+    if tonumber(redis.call('HGET', k_live, e[1]) or '0') >= now then
+      return e[1], now - tonumber(e[2])
+    end
+    redis.call('ZREM', k_queue, e[1])
+    redis.call('HDEL', k_live, e[1])
   end
+end
+
+-- leave_queue takes a waiter out of the queue.
+local function leave_queue(k_queue, k_live, who)
+  redis.call('ZREM', k_queue, who)
+  redis.call('HDEL', k_live, who)
 end
 
 -- grant gives the free lock to waiter head with the short TTL grace until it confirms by

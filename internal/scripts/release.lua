@@ -4,7 +4,7 @@
 -- KEYS[1] lock hash   {owner: holdCount, "#"..holdId: 1 per hold}
 -- KEYS[2] op log      hash (see acquire.lua)
 -- KEYS[3] fence
--- KEYS[4] queue       list of waiting owners
+-- KEYS[4] queue       sorted set of waiting owners scored by when they joined (ms)
 -- KEYS[5] liveness    hash {waiting owner: deadline in ms of server time}
 -- ARGV[1] owner id
 -- ARGV[2] hold id of the hold being released (the id its acquire used)
@@ -15,9 +15,11 @@
 -- ARGV[6] grace in ms: TTL of a lock granted to a waiter until it confirms
 -- ARGV[7] PUBLISH or SPUBLISH
 -- ARGV[8] "1" for a waiter giving up: leave the queue, and pass on a lock granted to it
+-- ARGV[9] barging window in ms: a first waiter that has waited less is not granted the lock
+--         but woken ("w <owner>") to compete for it with callers outside the queue
 --
 -- Returns 3 when the lock was handed to a waiter ("g <owner>" published), 2 when it was
--- freed ("r" published), 1 when one of several holds was dropped or this release had already
+-- freed ("w <owner>" or, with nobody waiting, "r" published), 1 when one of several holds was dropped or this release had already
 -- been applied (a retry after a lost reply), 0 when the hold does not exist (expired, deleted,
 -- taken) and was not released by this call's earlier attempt.
 local owner, mark = ARGV[1], '#' .. ARGV[2]
@@ -26,8 +28,9 @@ local owner, mark = ARGV[1], '#' .. ARGV[2]
 -- caller records with it ('r:'..owner for a release, nil when a waiter gives up).
 local function hand_on(log)
   redis.call('DEL', KEYS[1])
-  local head = next_waiter(KEYS[4], KEYS[5])
-  if head then
+  local head, waited = first_waiter(KEYS[4], KEYS[5])
+  if head and waited >= tonumber(ARGV[9]) then
+    leave_queue(KEYS[4], KEYS[5], head)
     local token = grant(KEYS[1], KEYS[3], head, ARGV[6], ARGV[4], ARGV[7])
     if log then
       redis.call('HSET', KEYS[2], log, ARGV[2], 'g:' .. head, token)
@@ -41,13 +44,16 @@ local function hand_on(log)
     redis.call('HSET', KEYS[2], log, ARGV[2])
     redis.call('PEXPIRE', KEYS[2], ARGV[3])
   end
-  redis.call(ARGV[7], ARGV[4], 'r')
+  if head then
+    redis.call(ARGV[7], ARGV[4], 'w ' .. head)
+  else
+    redis.call(ARGV[7], ARGV[4], 'r')
+  end
   return 2
 end
 
 if ARGV[8] == '1' then
-  redis.call('LREM', KEYS[4], 0, owner)
-  redis.call('HDEL', KEYS[5], owner)
+  leave_queue(KEYS[4], KEYS[5], owner)
   -- A lock granted to us and not yet confirmed is ours to pass on; if its grace ran out the
   -- key may be someone else's by now, so check it still names us.
   local granted = redis.call('HGET', KEYS[2], 'g:' .. owner)
