@@ -26,8 +26,13 @@ func names(t *testing.T) lockNames {
 // acquireArgs runs the acquire script; queue joins the FIFO when not obtained.
 func acquireArgs(t *testing.T, rdb *redis.Client, k lockNames, owner, holdID string, queue, reentrant bool) []int64 {
 	t.Helper()
+	return acquireBarging(t, rdb, k, owner, holdID, queue, reentrant, 0)
+}
+
+func acquireBarging(t *testing.T, rdb *redis.Client, k lockNames, owner, holdID string, queue, reentrant bool, bargeMs int) []int64 {
+	t.Helper()
 	res, err := scripts.Acquire.Run(ctxT(t), rdb, []string{k.lock, k.fence, k.log, k.queue, k.live},
-		owner, 30000, holdID, 60000, queue, 750, k.channel, 500, "PUBLISH", reentrant, 60000, 0).Int64Slice()
+		owner, 30000, holdID, 60000, queue, 750, k.channel, 500, "PUBLISH", reentrant, 60000, bargeMs).Int64Slice()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,8 +46,13 @@ func acquire(t *testing.T, rdb *redis.Client, k lockNames, owner, holdID string)
 
 func releaseArgs(t *testing.T, rdb *redis.Client, k lockNames, owner, holdID string, onlyIfAcquired, leaving bool) int64 {
 	t.Helper()
+	return releaseBarging(t, rdb, k, owner, holdID, onlyIfAcquired, leaving, 0)
+}
+
+func releaseBarging(t *testing.T, rdb *redis.Client, k lockNames, owner, holdID string, onlyIfAcquired, leaving bool, bargeMs int) int64 {
+	t.Helper()
 	n, err := scripts.Release.Run(ctxT(t), rdb, []string{k.lock, k.log, k.fence, k.queue, k.live},
-		owner, holdID, 60000, k.channel, onlyIfAcquired, 500, "PUBLISH", leaving, 0).Int64()
+		owner, holdID, 60000, k.channel, onlyIfAcquired, 500, "PUBLISH", leaving, bargeMs).Int64()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,5 +246,36 @@ func TestTokenBlockIsTheSameInGoAndLua(t *testing.T) {
 	}
 	if want := "local BLOCK = " + strconv.Itoa(dlock.CohortBlock) + "\n"; !strings.Contains(string(src), want) {
 		t.Fatalf("grant.lua does not say %q: the cohort would hand out tokens of another hold's block", want)
+	}
+}
+
+func TestBargingIsBoundedByTheFirstWaitersWait(t *testing.T) {
+	rdb := redistest.Client(t)
+	k := names(t)
+	const long = 60000 // a window no test run outlasts: the first waiter has "not waited long"
+	acquire(t, rdb, k, "A", "a1")
+	if res := acquireArgs(t, rdb, k, "W", "w1", true, true); res[0] != 0 {
+		t.Fatalf("W got a held lock: %v", res)
+	}
+	// W has waited less than the window: the release frees the lock for W to compete for.
+	if n := releaseBarging(t, rdb, k, "A", "a1", false, false, long); n != 2 {
+		t.Fatalf("release with a fresh first waiter = %d, want 2 (freed, W woken)", n)
+	}
+	// C, not queued, may take it ahead of W; W, queued, may not barge in turn.
+	if res := acquireBarging(t, rdb, k, "C", "c1", false, true, long); res[0] != 1 {
+		t.Fatalf("C could not barge: %v", res)
+	}
+	if res := acquireBarging(t, rdb, k, "X", "x1", true, true, long); res[0] != 0 {
+		t.Fatalf("X took a held lock: %v", res)
+	}
+	// With no window, the next release grants W directly: W is first, X after it.
+	if n := releaseBarging(t, rdb, k, "C", "c1", false, false, 0); n != 3 {
+		t.Fatalf("release with no window = %d, want 3 (granted)", n)
+	}
+	if res := acquireArgs(t, rdb, k, "W", "w2", true, true); res[0] != 1 {
+		t.Fatalf("W could not confirm its grant: %v", res)
+	}
+	if res := acquireBarging(t, rdb, k, "C", "c2", false, true, long); res[0] != 0 {
+		t.Fatalf("C barged into a held lock: %v", res)
 	}
 }
