@@ -1,7 +1,7 @@
 # dlock: `make demo` and `make test` do all set-up on a fresh Debian machine with Go.
 GO ?= go
 
-.PHONY: demo test build redis-server clean
+.PHONY: demo test bench build redis-server clean
 
 # redis-server is needed by the tests and by the demo's throwaway server.
 redis-server:
@@ -22,6 +22,12 @@ demo: build
 test: redis-server
 	$(GO) vet ./...
 	$(GO) test -race -count=1 ./...
+
+# Side-by-side benchmarks against peer libraries (bench/ is its own module); writes
+# docs/BENCHMARKS.md, docs/bench.jsonl and docs/chart.png. Set PG_URL to include PostgreSQL
+# advisory locks. About 3 minutes.
+bench: redis-server
+	cd bench && $(GO) run . -out ../docs
 
 clean:
 	rm -rf bin

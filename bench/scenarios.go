@@ -1,0 +1,110 @@
+package main
+
+import (
+	"fmt"
+	"regexp"
+	"time"
+)
+
+// Keying says which lock (and counter) a goroutine uses.
+const (
+	keyShared = "shared"        // one lock and one counter for every goroutine of every process
+	keyPerG   = "per-goroutine" // one lock and one counter per goroutine
+	keyFresh  = "fresh"         // a new lock name for every operation, no counter
+)
+
+// Critical sections.
+const (
+	csNone    = "none"        // empty
+	csGetSet  = "get-set"     // GET counter, SET counter+1 (not atomic: a lost increment is a broken lock)
+	csGetWait = "get-2ms-set" // GET, sleep 2ms, SET
+)
+
+// A scenario is a throughput run: Procs worker processes × Goroutines goroutines, each looping
+// lock, critical section, unlock until the run's end.
+type scenario struct {
+	ID         string
+	Title      string
+	Procs      int
+	Goroutines int
+	Keying     string
+	CS         string
+	Libs       []string // libraries this scenario runs, in report order
+	Note       string
+}
+
+var contendedLibs = []string{"dlock", "dlock-nocohort", "redsync", "redsync-1ms", "redislock-100ms",
+	"redislock-1ms", "rueidislock", "pg"}
+
+var allLibs = append(append([]string(nil), contendedLibs...), "raw")
+
+var scenarios = []scenario{
+	{ID: "uncontended", Title: "1. Uncontended: 1 process × 1 goroutine, a fresh key per operation, empty critical section",
+		Procs: 1, Goroutines: 1, Keying: keyFresh, CS: csNone, Libs: allLibs},
+	{ID: "contended-4x8", Title: "2. Contended 4×8: 4 processes × 8 goroutines, one key, critical section GET+SET",
+		Procs: 4, Goroutines: 8, Keying: keyShared, CS: csGetSet, Libs: contendedLibs},
+	{ID: "contended-8x1", Title: "3. Contended 8×1: 8 processes × 1 goroutine, one key, critical section GET+SET",
+		Procs: 8, Goroutines: 1, Keying: keyShared, CS: csGetSet, Libs: contendedLibs},
+	{ID: "cs-2ms", Title: "4. Long critical section: 4 processes × 8 goroutines, one key, GET + sleep 2ms + SET",
+		Procs: 4, Goroutines: 8, Keying: keyShared, CS: csGetWait, Libs: contendedLibs},
+	{ID: "independent", Title: "5. Independent keys: 1 process × 64 goroutines, one key and counter per goroutine, GET+SET",
+		Procs: 1, Goroutines: 64, Keying: keyPerG, CS: csGetSet, Libs: contendedLibs},
+	{ID: "waiters-256", Title: "6. Waiter scaling: 4 processes × 64 goroutines (256 waiters) on one key, GET+SET",
+		Procs: 4, Goroutines: 64, Keying: keyShared, CS: csGetSet, Libs: contendedLibs,
+		Note: "The 32-waiter side of the comparison is the contended 4×8 run (same shape with 8 goroutines per process)."},
+}
+
+// Special scenarios (not throughput loops).
+const (
+	killedID = "killed-waiter"
+	memoryID = "memory"
+)
+
+var killedLibs = []string{"dlock", "dlock-nocohort"}
+var memoryLibs = []string{"dlock"}
+
+// plannedRun is one (scenario, library) pair selected by -only.
+type plannedRun struct {
+	sc  *scenario // nil for the special scenarios
+	id  string    // scenario id
+	lib string
+}
+
+func (p plannedRun) name() string { return p.id + "/" + p.lib }
+
+// plan lists the runs to do, in order: throughput scenarios, then killed waiter, then memory.
+func plan(only *regexp.Regexp, havePG bool) []plannedRun {
+	var out []plannedRun
+	add := func(sc *scenario, id, lib string) {
+		if lib == "pg" && !havePG {
+			return
+		}
+		r := plannedRun{sc: sc, id: id, lib: lib}
+		if only != nil && !only.MatchString(r.name()) {
+			return
+		}
+		out = append(out, r)
+	}
+	for i := range scenarios {
+		for _, l := range scenarios[i].Libs {
+			add(&scenarios[i], scenarios[i].ID, l)
+		}
+	}
+	for _, l := range killedLibs {
+		add(nil, killedID, l)
+	}
+	for _, l := range memoryLibs {
+		add(nil, memoryID, l)
+	}
+	return out
+}
+
+// Sizes of the special scenarios.
+const (
+	killedReps    = 5
+	memoryKeys    = 1000
+	memoryPerKey  = 10
+	memoryTimeout = 90 * time.Second
+)
+
+func (s *scenario) shape() string { return fmt.Sprintf("%d×%d", s.Procs, s.Goroutines) }
