@@ -41,6 +41,7 @@ type hold struct {
 	deadline     time.Time   // monotonic: when the hold counts as lost without a renewal
 	deadlineFrom time.Time   // send time of the acquire/renewal/extend that set deadline
 	timer        *time.Timer // fires at deadline
+	armTimer     *time.Timer // arms push loss detection (see notifier.watch)
 	heapIdx      int         // position in the renewer's heap, -1 when not scheduled (renewer.mu)
 	renewAt      time.Time   // next renewal (renewer.mu)
 }
@@ -157,6 +158,9 @@ func (h *hold) end(err error, notify bool) {
 	h.err = err
 	if h.timer != nil {
 		h.timer.Stop()
+	}
+	if h.armTimer != nil {
+		h.armTimer.Stop()
 	}
 	n, onEnd := h.notif, h.onEnd
 	h.mu.Unlock()

@@ -380,7 +380,7 @@ func (n *notifier) watch(key string, l *hold) {
 	n.mu.Unlock()
 	// Arm tracking a moment later: most contended holds end sooner and never cost a read, while
 	// a change before the read is still caught by it, well within the 5 ms loss-detection goal.
-	time.AfterFunc(trackDelay, func() {
+	arm := time.AfterFunc(trackDelay, func() {
 		n.mu.Lock()
 		_, ok := n.watched[key][l]
 		if ok {
@@ -391,6 +391,13 @@ func (n *notifier) watch(key string, l *hold) {
 			n.poke()
 		}
 	})
+	l.mu.Lock()
+	if l.state == holdEnded {
+		arm.Stop()
+	} else {
+		l.armTimer = arm // stopped when the hold ends: a short hold costs no timer goroutine
+	}
+	l.mu.Unlock()
 }
 
 func (n *notifier) unwatch(key string, l *hold) {

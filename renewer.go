@@ -25,8 +25,9 @@ type renewer struct {
 	c    *Client
 	kick chan struct{}
 
-	mu sync.Mutex // guards h and every lease's heapIdx and renewAt; taken before hold.mu
-	h  leaseHeap
+	mu       sync.Mutex // guards h, nextWake and every hold's heapIdx and renewAt; before hold.mu
+	h        leaseHeap
+	nextWake time.Time // when the loop's timer fires; a hold due later needs no wake-up
 }
 
 func newRenewer(c *Client) *renewer {
@@ -38,13 +39,17 @@ func renewPeriod(ttl time.Duration) time.Duration { return max(ttl/3, minRenewPe
 func (r *renewer) add(l *hold, sent time.Time) {
 	r.mu.Lock()
 	l.mu.Lock()
+	wake := false
 	if l.state == holdHeld && l.heapIdx < 0 {
 		l.renewAt = sent.Add(renewPeriod(l.ttl))
 		heap.Push(&r.h, l)
+		wake = l.renewAt.Before(r.nextWake)
 	}
 	l.mu.Unlock()
 	r.mu.Unlock()
-	r.poke()
+	if wake {
+		r.poke()
+	}
 }
 
 // reschedule moves a scheduled lease's next renewal to TTL/3 after sent.
@@ -84,6 +89,7 @@ func (r *renewer) run(ctx context.Context) {
 		if len(r.h) > 0 {
 			wait = time.Until(r.h[0].renewAt)
 		}
+		r.nextWake = time.Now().Add(wait)
 		r.mu.Unlock()
 		timer.Reset(wait)
 		select {

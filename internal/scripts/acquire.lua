@@ -35,32 +35,7 @@ local function fresh()
   local v = redis.call('INCRBY', KEYS[2], BLOCK)
   redis.call('HSET', KEYS[1], owner, 1, mark, 1)
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  redis.call('HDEL', KEYS[3], 'g:' .. owner) -- a grant that ran out unconfirmed is void
   return {1, v - BLOCK + 1, 1}
-end
-
-local count = redis.call('HGET', KEYS[1], owner)
-if count then
-  -- A retry of a call that already succeeded (its reply was lost) must not count twice.
-  if redis.call('HEXISTS', KEYS[1], mark) == 1 then
-    return {1, tonumber(redis.call('GET', KEYS[2])) - BLOCK + 1, tonumber(count)}
-  end
-  local granted = redis.call('HGET', KEYS[3], 'g:' .. owner)
-  if granted then
-    -- A release handed us the lock while we waited: take it with our own TTL.
-    redis.call('HDEL', KEYS[3], 'g:' .. owner)
-    redis.call('HSET', KEYS[1], mark, 1)
-    redis.call('PEXPIRE', KEYS[1], ARGV[2], 'GT')
-    return {1, tonumber(granted), 1}
-  end
-  if ARGV[10] ~= '1' then
-    redis.call('DEL', KEYS[1])
-    return fresh()
-  end
-  count = redis.call('HINCRBY', KEYS[1], owner, 1)
-  redis.call('HSET', KEYS[1], mark, 1)
-  redis.call('PEXPIRE', KEYS[1], ARGV[2], 'GT')
-  return {1, tonumber(redis.call('GET', KEYS[2])) - BLOCK + 1, count}
 end
 
 if redis.call('EXISTS', KEYS[1]) == 0 then
@@ -80,6 +55,34 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
   local token = grant(KEYS[1], KEYS[2], head, ARGV[8], ARGV[7], ARGV[9])
   redis.call('HSET', KEYS[3], 'g:' .. head, token)
   redis.call('PEXPIRE', KEYS[3], ARGV[4])
+else
+  local count = redis.call('HGET', KEYS[1], owner)
+  if count then
+    local token = tonumber(redis.call('GET', KEYS[2])) - BLOCK + 1
+    -- A retry of a call that already succeeded (its reply was lost) must not count twice.
+    if redis.call('HEXISTS', KEYS[1], mark) == 1 then
+      return {1, token, tonumber(count)}
+    end
+    -- A release handed us the lock while we waited: take it with our own TTL. A grant is
+    -- current only if nothing was reserved since (a stale one that ran out is ignored).
+    local granted = redis.call('HGET', KEYS[3], 'g:' .. owner)
+    if granted then
+      redis.call('HDEL', KEYS[3], 'g:' .. owner)
+      if tonumber(granted) == token then
+        redis.call('HSET', KEYS[1], mark, 1)
+        redis.call('PEXPIRE', KEYS[1], ARGV[2], 'GT')
+        return {1, token, 1}
+      end
+    end
+    if ARGV[10] ~= '1' then
+      redis.call('DEL', KEYS[1])
+      return fresh()
+    end
+    count = redis.call('HINCRBY', KEYS[1], owner, 1)
+    redis.call('HSET', KEYS[1], mark, 1)
+    redis.call('PEXPIRE', KEYS[1], ARGV[2], 'GT')
+    return {1, token, count}
+  end
 end
 
 if ARGV[5] == '1' then

@@ -19,7 +19,7 @@
 --         but woken ("w <owner>") to compete for it with callers outside the queue
 --
 -- Returns 3 when the lock was handed to a waiter ("g <owner>" published), 2 when it was
--- freed ("w <owner>" or, with nobody waiting, "r" published), 1 when one of several holds was dropped or this release had already
+-- freed ("w <owner>" published when a waiter is first in line), 1 when one of several holds was dropped or this release had already
 -- been applied (a retry after a lost reply), 0 when the hold does not exist (expired, deleted,
 -- taken) and was not released by this call's earlier attempt.
 local owner, mark = ARGV[1], '#' .. ARGV[2]
@@ -44,10 +44,9 @@ local function hand_on(log)
     redis.call('HSET', KEYS[2], log, ARGV[2])
     redis.call('PEXPIRE', KEYS[2], ARGV[3])
   end
+  -- Every waiter is in the queue (its attempts join it), so with nobody there, nobody is told.
   if head then
     redis.call(ARGV[7], ARGV[4], 'w ' .. head)
-  else
-    redis.call(ARGV[7], ARGV[4], 'r')
   end
   return 2
 end
@@ -66,18 +65,19 @@ if ARGV[8] == '1' then
   return 0
 end
 
-if redis.call('HEXISTS', KEYS[1], mark) == 0 then
+local f = redis.call('HMGET', KEYS[1], mark, owner)
+if not f[1] then
   if ARGV[5] == '1' then
     return 0
   end
   -- The hold's field goes only with its release or with the whole lock: if the owner still
   -- holds, or its last freeing release was this one, the release was applied before.
-  if redis.call('HEXISTS', KEYS[1], owner) == 1 or redis.call('HGET', KEYS[2], 'r:' .. owner) == ARGV[2] then
+  if f[2] or redis.call('HGET', KEYS[2], 'r:' .. owner) == ARGV[2] then
     return 1
   end
   return 0
 end
-if redis.call('HGET', KEYS[1], owner) ~= '1' then
+if f[2] ~= '1' then
   redis.call('HDEL', KEYS[1], mark)
   redis.call('HINCRBY', KEYS[1], owner, -1)
   return 1
