@@ -1,7 +1,7 @@
 # dlock: `make demo` and `make test` do all set-up on a fresh Debian machine with Go.
 GO ?= go
 
-.PHONY: demo test bench build redis-server clean
+.PHONY: demo test bench bench-pg build redis-server clean
 
 # redis-server is needed by the tests and by the demo's throwaway server.
 redis-server:
@@ -28,6 +28,10 @@ test: redis-server
 # advisory locks. About 3 minutes.
 bench: redis-server
 	cd bench && $(GO) run . -out ../docs
+
+# The same with PostgreSQL advisory locks (a throwaway server from Debian's postgresql).
+bench-pg: redis-server
+	bench/with-postgres.sh -out ../docs
 
 clean:
 	rm -rf bin

@@ -423,10 +423,17 @@ func (rp *report) targets(b *strings.Builder) {
 		}
 	}
 	peerCompare("contended-4x8", "contended 4×8", true)
+	if d, pg := rp.find("contended-4x8", "dlock"), rp.find("contended-4x8", "pg"); d != nil && pg != nil && pg.Failed == "" {
+		row("contended 4×8: ops/s vs PostgreSQL advisory locks", fmt.Sprintf("%.0f", d.OpsPerSec), fmt.Sprintf("pg %.0f", pg.OpsPerSec),
+			ratio(d.OpsPerSec, pg.OpsPerSec))
+	}
 	peerCompare("contended-8x1", "contended 8×1", false)
-	if a, c := rp.find("contended-4x8", "dlock"), rp.find("waiters-256", "dlock"); a != nil && c != nil {
-		row("server µs/acq, 256 vs 32 waiters", fmt.Sprintf("%.1f → %.1f", a.ServerUsPerAcq, c.ServerUsPerAcq), "32 waiters",
-			pctChange(a.ServerUsPerAcq, c.ServerUsPerAcq))
+	for _, lib := range []string{"dlock", "dlock-nocohort"} {
+		// dlock-nocohort is the plain Redis FIFO: 32 and 256 waiters in Redis itself.
+		if a, c := rp.find("contended-4x8", lib), rp.find("waiters-256", lib); a != nil && c != nil {
+			row("server µs/acq, 256 vs 32 waiters ("+lib+")", fmt.Sprintf("%.1f → %.1f", a.ServerUsPerAcq, c.ServerUsPerAcq), "32 waiters",
+				pctChange(a.ServerUsPerAcq, c.ServerUsPerAcq))
+		}
 	}
 	if d, r := rp.find("uncontended", "dlock"), rp.find("uncontended", "raw"); d != nil && r != nil {
 		row("uncontended ops/s vs raw SET NX + DEL", fmt.Sprintf("%.0f", d.OpsPerSec), fmt.Sprintf("raw %.0f", r.OpsPerSec),
