@@ -20,12 +20,15 @@ var (
 	extendSrc string
 	//go:embed fenced_set.lua
 	fencedSetSrc string
+	//go:embed force_release.lua
+	forceReleaseSrc string
 )
 
 // Scripts run with EVALSHA and fall back to EVAL when the server has not cached them yet.
 var (
-	Acquire   = redis.NewScript(grantSrc + acquireSrc)
-	Release   = redis.NewScript(grantSrc + releaseSrc)
-	Extend    = redis.NewScript(extendSrc)
-	FencedSet = redis.NewScript(fencedSetSrc)
+	Acquire      = redis.NewScript(grantSrc + acquireSrc)
+	Release      = redis.NewScript(grantSrc + releaseSrc)
+	Extend       = redis.NewScript(extendSrc)
+	FencedSet    = redis.NewScript(fencedSetSrc)
+	ForceRelease = redis.NewScript(grantSrc + forceReleaseSrc)
 )

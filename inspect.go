@@ -1,0 +1,152 @@
+package dlock
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/dlock-go/dlock/internal/scripts"
+	"github.com/redis/go-redis/v9"
+)
+
+// LockInfo is a lock's state in Redis, as Client.Inspect and Client.Locks read it. It is a
+// snapshot: the lock may change the moment after.
+type LockInfo struct {
+	Name      string        `json:"name"`
+	Held      bool          `json:"held"`
+	Owner     string        `json:"owner,omitempty"`      // the holding owner id ("" when free)
+	HoldCount int           `json:"hold_count,omitempty"` // the owner's re-entrant holds
+	TTL       time.Duration `json:"ttl_ns,omitempty"`     // remaining; -1 when the key has no TTL
+	Token     uint64        `json:"last_token"`           // first token of the last fresh hold (0: never held)
+	Waiters   int           `json:"waiters"`              // owners queued in Redis (a Client's cohort counts once)
+}
+
+// Inspect reads the state of the lock called name (with this Client's key prefix) in one
+// round trip. A lock that was never taken is reported free with Token 0. It returns ErrInvalid
+// for a bad name and the Redis error if the read fails.
+func (c *Client) Inspect(ctx context.Context, name string) (LockInfo, error) {
+	if err := c.adminCheck(name); err != nil {
+		return LockInfo{}, err
+	}
+	k := lockKeys(c.cfg.keyPrefix(), name)
+	var fields *redis.MapStringStringCmd
+	var pttl *redis.DurationCmd
+	var fence *redis.StringCmd
+	var waiters *redis.IntCmd
+	_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		fields = p.HGetAll(ctx, k.lock)
+		pttl = p.PTTL(ctx, k.lock)
+		fence = p.Get(ctx, k.fence)
+		waiters = p.ZCard(ctx, k.queue)
+		return nil
+	})
+	if err != nil && err != redis.Nil {
+		return LockInfo{}, fmt.Errorf("dlock: inspect %q: %w", name, err)
+	}
+	info := LockInfo{Name: name, Waiters: int(waiters.Val())}
+	if f, err := strconv.ParseUint(fence.Val(), 10, 64); err == nil && f > 0 {
+		info.Token = f - cohortBlock + 1
+	}
+	for field, v := range fields.Val() {
+		if strings.HasPrefix(field, "#") {
+			continue // a per-hold field, not an owner
+		}
+		info.Held, info.Owner = true, field
+		info.HoldCount, _ = strconv.Atoi(v)
+	}
+	if info.Held {
+		info.TTL = pttl.Val()
+	}
+	return info, nil
+}
+
+// Locks lists the locks under this Client's key prefix whose names match the glob pattern
+// ("*" for all), held or free, by name: every lock ever taken keeps its fencing counter, which
+// is what Locks finds. It uses SCAN (never KEYS), on every master of a Cluster.
+func (c *Client) Locks(ctx context.Context, pattern string) ([]LockInfo, error) {
+	if c.err != nil {
+		return nil, c.err
+	}
+	if pattern == "" {
+		pattern = "*"
+	}
+	prefix := c.cfg.keyPrefix()
+	match := globEscape(prefix) + "{" + pattern + "}:fence"
+	seen := map[string]bool{}
+	scan := func(ctx context.Context, node redis.Cmdable) error {
+		iter := node.Scan(ctx, 0, match, 1000).Iterator()
+		for iter.Next(ctx) {
+			key := iter.Val()
+			name := strings.TrimSuffix(strings.TrimPrefix(key, prefix+"{"), "}:fence")
+			seen[name] = true
+		}
+		return iter.Err()
+	}
+	var err error
+	if cc, ok := c.rdb.(*redis.ClusterClient); ok {
+		var mu = make(chan struct{}, 1)
+		err = cc.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+			mu <- struct{}{} // seen is shared by the per-master callbacks
+			defer func() { <-mu }()
+			return scan(ctx, node)
+		})
+	} else {
+		err = scan(ctx, c.rdb)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("dlock: list locks: %w", err)
+	}
+	names := make([]string, 0, len(seen))
+	for n := range seen {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	infos := make([]LockInfo, 0, len(names))
+	for _, n := range names {
+		info, err := c.Inspect(ctx, n)
+		if err != nil {
+			return nil, err
+		}
+		infos = append(infos, info)
+	}
+	return infos, nil
+}
+
+// ForceRelease breaks the lock called name whoever holds it, as an operator would with
+// redis-cli, but cleanly: the lock goes to the first live waiter, or is freed. The holder's
+// Lease ends as lost (Done closes, Err wraps ErrLeaseLost) once it notices, within a
+// millisecond when push loss detection is on. It reports whether the lock was held.
+func (c *Client) ForceRelease(ctx context.Context, name string) (bool, error) {
+	if err := c.adminCheck(name); err != nil {
+		return false, err
+	}
+	k := lockKeys(c.cfg.keyPrefix(), name)
+	n, err := scripts.ForceRelease.Run(ctx, c.rdb, []string{k.lock, k.opLog, k.fence, k.queue, k.live},
+		opLogTTL.Milliseconds(), k.channel, grantGrace.Milliseconds(), c.publishCmd).Int()
+	if err != nil {
+		return false, fmt.Errorf("dlock: force release %q: %w", name, err)
+	}
+	return n == 1, nil
+}
+
+func (c *Client) adminCheck(name string) error {
+	if c.err != nil {
+		return c.err
+	}
+	return validateName(name)
+}
+
+// globEscape escapes the glob metacharacters of a literal for SCAN MATCH.
+func globEscape(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if strings.ContainsRune(`*?[]\`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
