@@ -6,25 +6,35 @@ import (
 	"fmt"
 	"io"
 	"runtime/debug"
+	"time"
 )
 
 // Exit codes.
 const (
-	exitOK    = 0
-	exitError = 1
-	exitUsage = 2
+	exitOK       = 0
+	exitError    = 1
+	exitUsage    = 2
+	exitConflict = 75 // default for `run` when the lock is not obtained (EX_TEMPFAIL)
+	exitLost     = 76 // `run`: the lease was lost and the command was stopped
 )
 
 const usage = `dlock: distributed locks on Redis
 
 Usage:
-  dlock demo [tickets]     replay a seed scenario without and with a lock
-  dlock version            print the version
-  dlock help               this text
+  dlock run [flags] NAME -- COMMAND [ARGS...]   run a command while holding the lock NAME
+  dlock status [flags] NAME                      show a lock: held or free, owner, TTL, token, waiters
+  dlock list [flags] [PATTERN]                   list the locks under the prefix (glob PATTERN)
+  dlock release --force [flags] NAME             break a lock; its holder stops, waiters go on
+  dlock demo [tickets|seckill|cron|counter|all]  replay the seed scenarios without and with a lock
+  dlock version                                  print the version
+  dlock help [COMMAND]                           this text, or a command's flags
 
-Connection (every command that talks to Redis):
-  --redis URL              redis://, rediss:// or unix:// URL (default: $REDIS_URL; the demo
-                           starts a throwaway redis-server when neither is set)
+Every command that talks to Redis takes:
+  --redis URL     redis://, rediss://, unix://, redis+cluster://, redis+sentinel:// (default
+                  $REDIS_URL; the demo starts a throwaway redis-server when neither is set)
+  --prefix P      key prefix of the locks (default "dlock:")
+
+Run 'dlock COMMAND -h' for a command's flags.
 `
 
 // run is the whole CLI: it parses args, writes results to stdout and diagnostics to stderr
@@ -34,22 +44,60 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stderr, usage)
 		return exitUsage
 	}
-	var err error
-	switch cmd, rest := args[0], args[1:]; cmd {
+	cmd, rest := args[0], args[1:]
+	switch cmd {
 	case "help", "-h", "--help":
+		if len(rest) == 1 && rest[0] != "help" {
+			return run([]string{rest[0], "-h"}, stdout, stderr)
+		}
 		fmt.Fprint(stdout, usage)
 		return exitOK
 	case "version", "--version":
 		fmt.Fprintln(stdout, "dlock", version())
 		return exitOK
+	case "run":
+		return runCommand(rest, stdout, stderr)
+	case "status":
+		return report(statusCommand(rest, stdout, stderr), stderr)
+	case "list":
+		return report(listCommand(rest, stdout, stderr), stderr)
+	case "release":
+		return report(releaseCommand(rest, stdout, stderr), stderr)
 	case "demo":
-		err = runDemo(rest, stdout, stderr)
+		return report(runDemo(rest, stdout, stderr), stderr)
 	case workerCommand:
-		err = runWorker(rest)
-	default:
-		err = usageError{fmt.Sprintf("unknown command %q", cmd), "run 'dlock help' for the commands"}
+		return report(runWorker(rest), stderr)
 	}
-	return report(err, stderr)
+	return report(usageError{fmt.Sprintf("unknown command %q", cmd), "run 'dlock help' for the commands"}, stderr)
+}
+
+// commonFlags are the flags of every command that talks to Redis.
+type commonFlags struct {
+	redis, prefix string
+}
+
+func newFlagSet(name, synopsis string, stderr io.Writer) (*flag.FlagSet, *commonFlags) {
+	fs := flag.NewFlagSet("dlock "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	c := &commonFlags{}
+	fs.StringVar(&c.redis, "redis", "", "Redis URL (default $REDIS_URL)")
+	fs.StringVar(&c.prefix, "prefix", "dlock:", "key prefix of the locks")
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: dlock %s\n\n", synopsis)
+		fs.PrintDefaults()
+	}
+	return fs, c
+}
+
+// parse parses args, turning a flag error into a usageError (flag already printed it).
+func parse(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return usageError{err.Error(), "run '" + fs.Name() + " -h' for its flags"}
+	}
+	return nil
 }
 
 // usageError is a mistake in the command line: exit code 2 and a hint.
@@ -90,4 +138,12 @@ func version() string {
 		return bi.Main.Version
 	}
 	return "(devel)"
+}
+
+// fmtTTL prints a remaining TTL for people.
+func fmtTTL(d time.Duration) string {
+	if d < 0 {
+		return "no TTL"
+	}
+	return d.Round(time.Millisecond).String()
 }

@@ -21,11 +21,12 @@ import (
 // and then with dlock.
 type scenario struct {
 	name, title string
-	procs       int // worker processes
-	perProc     int // concurrent actors per process
-	setup       func(ctx context.Context, rdb *redis.Client, keys demoKeys) error
-	act         func(ctx context.Context, w *worker, actor string) error // one actor, in a worker
-	outcome     func(ctx context.Context, rdb *redis.Client, keys demoKeys) (outcome, error)
+	procs       int      // worker processes
+	perProc     int      // concurrent actors per process
+	columns     []string // the table's value columns, before "result"
+	setup       func(ctx context.Context, rdb redis.UniversalClient, keys demoKeys) error
+	act         func(ctx context.Context, w *worker, actor int) error // one actor, in a worker
+	outcome     func(ctx context.Context, rdb redis.UniversalClient, keys demoKeys) (outcome, error)
 }
 
 // outcome is one row of the demo table.
@@ -40,9 +41,11 @@ type demoKeys string
 
 func (k demoKeys) key(name string) string { return string(k) + name }
 
-var scenarios = map[string]*scenario{"tickets": ticketScenario}
+var scenarios = map[string]*scenario{
+	"tickets": ticketScenario, "seckill": seckillScenario, "cron": cronScenario, "counter": counterScenario,
+}
 
-const scenarioOrder = "tickets"
+const scenarioOrder = "tickets seckill cron counter"
 
 func runDemo(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("dlock demo", flag.ContinueOnError)
@@ -78,7 +81,7 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 	}
 	failed := 0
 	for _, name := range names {
-		ok, err := playScenario(scenarios[name], conn, stdout)
+		ok, err := playScenario(scenarios[name], conn, stdout, stderr)
 		if err != nil {
 			return err
 		}
@@ -94,15 +97,14 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 
 // playScenario runs s without and with the lock and prints the table. It reports whether the
 // locked run was exact.
-func playScenario(s *scenario, conn *connection, stdout io.Writer) (bool, error) {
+func playScenario(s *scenario, conn *connection, stdout, stderr io.Writer) (bool, error) {
 	fmt.Fprintf(stdout, "%s\n\n", s.title)
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprint(tw, "  "+s.header())
-	rdb := conn.client()
-	defer rdb.Close()
+	fmt.Fprintf(tw, "  run\t%s\tresult\n", strings.Join(s.columns, "\t"))
+	rdb := conn.rdb
 	exact := false
 	for _, locked := range []bool{false, true} {
-		o, err := runOnce(s, conn, rdb, locked)
+		o, err := runOnce(s, conn, rdb, locked, stderr)
 		if err != nil {
 			return false, err
 		}
@@ -117,16 +119,9 @@ func playScenario(s *scenario, conn *connection, stdout io.Writer) (bool, error)
 	return exact, nil
 }
 
-func (s *scenario) header() string {
-	switch s.name {
-	case "tickets":
-		return "run\tsold\trefused\ttickets left\tresult\n"
-	}
-	return ""
-}
-
-// runOnce starts the worker processes for one run and collects the outcome.
-func runOnce(s *scenario, conn *connection, rdb *redis.Client, locked bool) (outcome, error) {
+// runOnce starts the worker processes for one run and collects the outcome. A run longer than
+// two seconds shows its progress on stderr.
+func runOnce(s *scenario, conn *connection, rdb redis.UniversalClient, locked bool, stderr io.Writer) (outcome, error) {
 	ctx := context.Background()
 	keys := demoKeys(fmt.Sprintf("dlock-demo:%s:%d:", s.name, time.Now().UnixNano()))
 	if err := s.setup(ctx, rdb, keys); err != nil {
@@ -154,14 +149,43 @@ func runOnce(s *scenario, conn *connection, rdb *redis.Client, locked bool) (out
 			}
 		}()
 	}
+	stopProgress := progress(stderr, s.name, locked)
 	wg.Wait()
+	stopProgress()
 	if err := errors.Join(errs...); err != nil {
 		return outcome{}, fmt.Errorf("demo %s: %w", s.name, err)
 	}
 	return s.outcome(ctx, rdb, keys)
 }
 
-func cleanup(rdb *redis.Client, keys demoKeys) {
+// progress prints a line every second on stderr once a run has taken two seconds.
+func progress(stderr io.Writer, name string, locked bool) (stop func()) {
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	start := time.Now()
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case now := <-t.C:
+				if el := now.Sub(start); el >= 2*time.Second {
+					mode := "without a lock"
+					if locked {
+						mode = "with dlock"
+					}
+					fmt.Fprintf(stderr, "dlock: demo %s %s: running for %.0fs...\n", name, mode, el.Seconds())
+				}
+			}
+		}
+	}()
+	return func() { close(done); <-finished }
+}
+
+func cleanup(rdb redis.UniversalClient, keys demoKeys) {
 	ctx := context.Background()
 	iter := rdb.Scan(ctx, 0, string(keys)+"*", 100).Iterator()
 	for iter.Next(ctx) {

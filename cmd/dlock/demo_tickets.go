@@ -21,10 +21,11 @@ var ticketScenario = &scenario{
 	title:   fmt.Sprintf("Ticket sale (seed 000): %d tickets, 10 buyers in 5 processes, %v to issue a ticket", ticketStock, ticketIssue),
 	procs:   5,
 	perProc: 2,
-	setup: func(ctx context.Context, rdb *redis.Client, k demoKeys) error {
+	columns: []string{"sold", "refused", "tickets left"},
+	setup: func(ctx context.Context, rdb redis.UniversalClient, k demoKeys) error {
 		return rdb.Set(ctx, k.key("stock"), ticketStock, 0).Err()
 	},
-	act: func(ctx context.Context, w *worker, buyer string) error {
+	act: func(ctx context.Context, w *worker, buyer int) error {
 		return w.locked(ctx, "tickets", func() error {
 			stock, err := w.rdb.Get(ctx, w.keys.key("stock")).Int()
 			if err != nil {
@@ -40,7 +41,7 @@ var ticketScenario = &scenario{
 			return w.rdb.RPush(ctx, w.keys.key("sold"), buyer).Err()
 		})
 	},
-	outcome: func(ctx context.Context, rdb *redis.Client, k demoKeys) (outcome, error) {
+	outcome: func(ctx context.Context, rdb redis.UniversalClient, k demoKeys) (outcome, error) {
 		sold, err := rdb.LLen(ctx, k.key("sold")).Result()
 		if err != nil {
 			return outcome{}, err

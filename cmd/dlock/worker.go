@@ -17,7 +17,7 @@ const workerCommand = "__demo-worker"
 
 // worker is one demo process: a few actors sharing one dlock Client.
 type worker struct {
-	rdb    *redis.Client
+	rdb    redis.UniversalClient
 	dl     *dlock.Client
 	keys   demoKeys
 	useLck bool
@@ -52,11 +52,10 @@ func runWorker(args []string) error {
 	if s == nil {
 		return fmt.Errorf("unknown scenario %q", *name)
 	}
-	opt, err := redis.ParseURL(*url)
+	rdb, err := openURL(*url)
 	if err != nil {
 		return err
 	}
-	rdb := redis.NewClient(opt)
 	defer rdb.Close()
 	dl := dlock.New(rdb)
 	defer dl.Close(context.Background())
@@ -70,7 +69,7 @@ func runWorker(args []string) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[a] = s.act(ctx, w, fmt.Sprintf("p%d-a%d", *proc, a))
+			errs[a] = s.act(ctx, w, *proc*(*actors)+a)
 		}()
 	}
 	wg.Wait()

@@ -1,0 +1,132 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"github.com/dlock-go/dlock"
+)
+
+const adminTimeout = 10 * time.Second
+
+// adminClient connects and returns a dlock Client for the admin commands.
+func adminClient(c *commonFlags) (*dlock.Client, *connection, error) {
+	conn, err := connect(c.redis, false)
+	if err != nil {
+		return nil, nil, err
+	}
+	return dlock.New(conn.rdb, dlock.WithKeyPrefix(c.prefix)), conn, nil
+}
+
+func statusCommand(args []string, stdout, stderr io.Writer) error {
+	fs, common := newFlagSet("status", "status [--redis URL] [--prefix P] [--json] NAME", stderr)
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		return usageError{"status takes exactly one lock NAME", "dlock status orders:42"}
+	}
+	dl, conn, err := adminClient(common)
+	if err != nil {
+		return err
+	}
+	defer conn.close()
+	defer dl.Close(context.Background())
+	ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
+	defer cancel()
+	info, err := dl.Inspect(ctx, fs.Arg(0))
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return json.NewEncoder(stdout).Encode(info)
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 0, 1, ' ', 0)
+	fmt.Fprintf(tw, "name:\t%s\n", info.Name)
+	if info.Held {
+		fmt.Fprintf(tw, "state:\theld\nowner:\t%s\nhold count:\t%d\nttl:\t%s\n", info.Owner, info.HoldCount, fmtTTL(info.TTL))
+	} else {
+		fmt.Fprintf(tw, "state:\tfree\n")
+	}
+	fmt.Fprintf(tw, "last token:\t%d\nwaiters:\t%d\n", info.Token, info.Waiters)
+	return tw.Flush()
+}
+
+func listCommand(args []string, stdout, stderr io.Writer) error {
+	fs, common := newFlagSet("list", "list [--redis URL] [--prefix P] [--json] [PATTERN]", stderr)
+	asJSON := fs.Bool("json", false, "print JSON, one object per line")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 1 {
+		return usageError{"list takes at most one PATTERN", "dlock list 'orders:*'"}
+	}
+	dl, conn, err := adminClient(common)
+	if err != nil {
+		return err
+	}
+	defer conn.close()
+	defer dl.Close(context.Background())
+	ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
+	defer cancel()
+	locks, err := dl.Locks(ctx, fs.Arg(0))
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		for _, l := range locks {
+			if err := enc.Encode(l); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tSTATE\tOWNER\tTTL\tTOKEN\tWAITERS")
+	for _, l := range locks {
+		state, owner, ttl := "free", "-", "-"
+		if l.Held {
+			state, owner, ttl = "held", l.Owner, fmtTTL(l.TTL)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\n", l.Name, state, owner, ttl, l.Token, l.Waiters)
+	}
+	return tw.Flush()
+}
+
+func releaseCommand(args []string, stdout, stderr io.Writer) error {
+	fs, common := newFlagSet("release", "release --force [--redis URL] [--prefix P] NAME", stderr)
+	force := fs.Bool("force", false, "break the lock whoever holds it (required)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		return usageError{"release takes exactly one lock NAME", "dlock release --force orders:42"}
+	}
+	if !*force {
+		return usageError{"release breaks another owner's lock: say --force", "holders release their own locks; this is for operators"}
+	}
+	dl, conn, err := adminClient(common)
+	if err != nil {
+		return err
+	}
+	defer conn.close()
+	defer dl.Close(context.Background())
+	ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
+	defer cancel()
+	broke, err := dl.ForceRelease(ctx, fs.Arg(0))
+	if err != nil {
+		return err
+	}
+	if broke {
+		fmt.Fprintf(stdout, "released %s\n", fs.Arg(0))
+	} else {
+		fmt.Fprintf(stdout, "%s was not held\n", fs.Arg(0))
+	}
+	return nil
+}

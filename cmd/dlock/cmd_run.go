@@ -1,0 +1,159 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/dlock-go/dlock"
+)
+
+// runCommand is `dlock run`: take the lock, run the command while renewing it, release it,
+// and exit with the command's code. If the lease is lost the command gets SIGTERM, then
+// SIGKILL after --grace, and dlock exits with exitLost.
+func runCommand(args []string, stdout, stderr io.Writer) int {
+	fs, common := newFlagSet("run", "run [flags] NAME -- COMMAND [ARGS...]", stderr)
+	wait := fs.Duration("wait", 0, "give up after waiting this long for the lock (default: wait forever)")
+	noWait := fs.Bool("no-wait", false, "fail at once if the lock is held")
+	ttl := fs.Duration("ttl", dlock.DefaultTTL, "lease TTL; renewed every TTL/3 while the command runs")
+	conflict := fs.Int("conflict-exit-code", exitConflict, "exit code when the lock is not obtained")
+	owner := fs.String("owner", "", "owner id (default: random); processes with the same id re-enter the lock")
+	grace := fs.Duration("grace", 10*time.Second, "time between SIGTERM and SIGKILL when the lease is lost")
+	if err := parse(fs, args); err != nil {
+		return report(err, stderr)
+	}
+	rest := fs.Args()
+	if len(rest) < 2 {
+		return report(usageError{"run needs a lock NAME and a COMMAND", "dlock run nightly-cleanup -- /usr/local/bin/cleanup --all"}, stderr)
+	}
+	name, command := rest[0], rest[1:]
+	if len(command) > 0 && command[0] == "--" {
+		command = command[1:]
+	}
+	if len(command) == 0 {
+		return report(usageError{"run needs a COMMAND after NAME --", "dlock run nightly-cleanup -- /usr/local/bin/cleanup --all"}, stderr)
+	}
+	if *wait < 0 || *grace < 0 {
+		return report(usageError{"--wait and --grace must not be negative", ""}, stderr)
+	}
+
+	conn, err := connect(common.redis, false)
+	if err != nil {
+		return report(err, stderr)
+	}
+	defer conn.close()
+	opts := []dlock.Option{dlock.WithKeyPrefix(common.prefix), dlock.WithTTL(*ttl), dlock.WithoutCohort()}
+	if *owner != "" {
+		opts = append(opts, dlock.WithOwner(*owner))
+	}
+	dl := dlock.New(conn.rdb, opts...)
+	defer dl.Close(context.Background())
+	m := dl.Mutex(name)
+
+	// Signals while waiting give up the wait; while the command runs they are forwarded.
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	defer signal.Stop(sigs)
+
+	lease, err := acquire(m, *noWait, *wait, sigs)
+	if err != nil {
+		if errors.Is(err, dlock.ErrNotObtained) {
+			fmt.Fprintf(stderr, "dlock: error: lock %q is held by another owner\n", name)
+			return *conflict
+		}
+		return report(err, stderr)
+	}
+
+	cmd := exec.Command(command[0], command[1:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, stdout, stderr
+	cmd.Env = append(os.Environ(), "DLOCK_NAME="+name, "DLOCK_TOKEN="+strconv.FormatUint(lease.Token(), 10),
+		"DLOCK_OWNER="+m.Owner())
+	// Its own process group, so a lost lease stops the command's children too.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		_ = lease.Unlock(context.Background())
+		return report(hinted{fmt.Errorf("start %q: %w", command[0], err), "check the command's path and permissions"}, stderr)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+
+	code := exitOK
+	for done := false; !done; {
+		select {
+		case sig := <-sigs:
+			_ = syscall.Kill(-cmd.Process.Pid, sig.(syscall.Signal))
+		case <-lease.Done():
+			fmt.Fprintf(stderr, "dlock: error: lease on %q lost (%v); stopping the command\n", name, lease.Err())
+			stop(cmd, exited, *grace)
+			return exitLost
+		case err := <-exited:
+			code = exitCode(err)
+			done = true
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := lease.Unlock(ctx); err != nil {
+		fmt.Fprintf(stderr, "dlock: error: release %q: %v\n", name, err)
+		if code == exitOK && errors.Is(err, dlock.ErrLeaseLost) {
+			return exitLost // the command may have run partly without the lock
+		}
+	}
+	return code
+}
+
+// acquire takes the lock once (noWait) or waits for it, for at most wait when wait > 0, and
+// gives up on a signal.
+func acquire(m *dlock.Mutex, noWait bool, wait time.Duration, sigs <-chan os.Signal) (*dlock.Lease, error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if noWait {
+		return m.TryLock(ctx)
+	}
+	if wait > 0 {
+		ctx, cancel = context.WithTimeout(ctx, wait)
+		defer cancel()
+	}
+	go func() {
+		select {
+		case <-sigs:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return m.Lock(ctx)
+}
+
+// stop ends the command's process group: SIGTERM, then SIGKILL after grace.
+func stop(cmd *exec.Cmd, exited <-chan error, grace time.Duration) {
+	pgid := -cmd.Process.Pid
+	_ = syscall.Kill(pgid, syscall.SIGTERM)
+	select {
+	case <-exited:
+	case <-time.After(grace):
+		_ = syscall.Kill(pgid, syscall.SIGKILL)
+		<-exited
+	}
+}
+
+// exitCode is the command's exit code, 128+signal if a signal ended it.
+func exitCode(err error) int {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return 128 + int(ws.Signal())
+		}
+		return ee.ExitCode()
+	}
+	if err != nil {
+		return exitError
+	}
+	return exitOK
+}
