@@ -2,38 +2,203 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"encoding/json"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
+	"time"
 
+	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/internal/redistest"
 )
 
+// asCLI makes the test binary act as the dlock command (the demo re-runs it as workers too).
+const asCLI = "DLOCK_TEST_AS_CLI"
+
 func TestMain(m *testing.M) {
-	// The demo re-runs its own executable as workers: here that is the test binary.
-	if len(os.Args) > 1 && os.Args[1] == workerCommand {
+	if os.Getenv(asCLI) == "1" || (len(os.Args) > 1 && os.Args[1] == workerCommand) {
 		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 	}
 	os.Exit(redistest.Main(m))
 }
 
-func runCLI(t *testing.T, args ...string) (code int, stdout, stderr string) {
-	t.Helper()
-	var out, errb bytes.Buffer
-	code = run(args, &out, &errb)
-	return code, out.String(), errb.String()
+// dlockCmd returns the dlock command (this test binary) with args, against the shared server.
+func dlockCmd(t *testing.T, args ...string) *exec.Cmd {
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), asCLI+"=1", "REDIS_URL="+redistest.Shared(t).URL())
+	return cmd
 }
 
-func TestDemoTicketsLockedRunIsExact(t *testing.T) {
-	code, out, errs := runCLI(t, "demo", "--redis", redistest.Shared(t).URL(), "tickets")
+// runDlock runs dlock to completion and returns its exit code and output.
+func runDlock(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	cmd := dlockCmd(t, args...)
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	return exitCode(err), out.String(), errb.String()
+}
+
+func uniqueName(t *testing.T) string { return strings.ReplaceAll(redistest.Name(t), "#", "-") }
+
+func TestRunPassesExitCodeAndEnvironment(t *testing.T) {
+	name := uniqueName(t)
+	code, out, errs := runDlock(t, "run", name, "--", "sh", "-c", `echo "$DLOCK_NAME $DLOCK_TOKEN $DLOCK_OWNER"; exit 7`)
+	if code != 7 {
+		t.Fatalf("exit %d, want the command's 7; stderr: %s", code, errs)
+	}
+	f := strings.Fields(out)
+	if len(f) != 3 || f[0] != name || f[1] == "0" || len(f[2]) != 32 {
+		t.Fatalf("command saw %q, want NAME TOKEN OWNER", out)
+	}
+	if code, _, _ := runDlock(t, "run", name, "--", "true"); code != 0 {
+		t.Fatalf("exit %d after a successful command", code)
+	}
+}
+
+func TestRunExcludesConcurrentRuns(t *testing.T) {
+	name := uniqueName(t)
+	dir := t.TempDir()
+	// Each run appends "start", sleeps, appends "end": interleaving means two held the lock.
+	script := `echo start >> ` + dir + `/log; sleep 0.05; echo end >> ` + dir + `/log`
+	var wg sync.WaitGroup
+	for i := 0; i < 5; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if code, _, errs := runDlock(t, "run", name, "--", "sh", "-c", script); code != 0 {
+				t.Errorf("run exit %d: %s", code, errs)
+			}
+		}()
+	}
+	wg.Wait()
+	b, _ := os.ReadFile(filepath.Join(dir, "log"))
+	if got := strings.Fields(string(b)); strings.Join(got, " ") != strings.TrimSpace(strings.Repeat("start end ", 5)) {
+		t.Fatalf("runs overlapped: %v", got)
+	}
+}
+
+func TestRunNoWaitConflictExitCode(t *testing.T) {
+	name := uniqueName(t)
+	rdb := redistest.Client(t)
+	c := dlock.New(rdb, dlock.WithoutCohort())
+	defer c.Close(context.Background())
+	l, err := c.Mutex(name).Lock(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Unlock(context.Background())
+	code, _, errs := runDlock(t, "run", "--no-wait", "--conflict-exit-code", "9", name, "--", "true")
+	if code != 9 || !strings.Contains(errs, "held by another owner") {
+		t.Fatalf("--no-wait on a held lock: exit %d, stderr %q", code, errs)
+	}
+	code, _, _ = runDlock(t, "run", "--wait", "100ms", name, "--", "true")
+	if code != exitConflict {
+		t.Fatalf("--wait 100ms on a held lock: exit %d, want %d", code, exitConflict)
+	}
+}
+
+// startRun starts `dlock run` on a command that writes its pid to a file and then sleeps, and
+// waits until the command runs.
+func startRun(t *testing.T, name string, extra ...string) (*exec.Cmd, *bytes.Buffer, int) {
+	t.Helper()
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	args := append(append([]string{"run"}, extra...), name, "--", "sh", "-c",
+		`trap 'echo got-term; exit 3' TERM; echo $$ > `+pidFile+`.tmp; mv `+pidFile+`.tmp `+pidFile+`; while :; do sleep 0.01; done`)
+	cmd := dlockCmd(t, args...)
+	var errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &errb, &errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _, _ = cmd.Process.Wait() })
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if b, err := os.ReadFile(pidFile); err == nil {
+			pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+			return cmd, &errb, pid
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("command never started: %s", errb.String())
+		}
+		time.Sleep(5 * time.Millisecond) // a file written by another process: no event to wait on
+	}
+}
+
+func TestRunForwardsSignalsAndReleases(t *testing.T) {
+	name := uniqueName(t)
+	cmd, out, _ := startRun(t, name)
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	err := cmd.Wait()
+	if code := exitCode(err); code != 3 || !strings.Contains(out.String(), "got-term") {
+		t.Fatalf("after SIGTERM: exit %d, output %q; want the command's trap to run and exit 3", code, out.String())
+	}
+	if code, stdout, _ := runDlock(t, "status", name); code != 0 || !strings.Contains(stdout, "state:      free") {
+		t.Fatalf("lock after the run ended: %q", stdout)
+	}
+}
+
+func TestLostLeaseStopsTheCommand(t *testing.T) {
+	name := uniqueName(t)
+	cmd, out, _ := startRun(t, name, "--grace", "2s")
+	if code, stdout, errs := runDlock(t, "release", "--force", name); code != 0 || !strings.Contains(stdout, "released") {
+		t.Fatalf("release --force: exit %d, %q %q", code, stdout, errs)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if code := exitCode(err); code != exitLost {
+			t.Fatalf("exit %d after the lease was lost, want %d; output %q", code, exitLost, out.String())
+		}
+		if !strings.Contains(out.String(), "got-term") || !strings.Contains(out.String(), "lost") {
+			t.Fatalf("output %q: want the command stopped with SIGTERM and a clear message", out.String())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("dlock run kept the command running after its lease was lost")
+	}
+}
+
+func TestStatusAndList(t *testing.T) {
+	name := uniqueName(t)
+	_, _, _ = startRun(t, name, "--owner", "cron-host-1")
+	code, out, errs := runDlock(t, "status", name)
+	if code != 0 || !strings.Contains(out, "state:      held") || !strings.Contains(out, "owner:      cron-host-1") {
+		t.Fatalf("status: exit %d\n%s%s", code, out, errs)
+	}
+	code, out, _ = runDlock(t, "status", "--json", name)
+	var info dlock.LockInfo
+	if err := json.Unmarshal([]byte(out), &info); code != 0 || err != nil || !info.Held || info.Owner != "cron-host-1" || info.Token == 0 {
+		t.Fatalf("status --json: exit %d, %q (%v)", code, out, err)
+	}
+	code, out, _ = runDlock(t, "list", name)
+	if lines := strings.Split(strings.TrimSpace(out), "\n"); code != 0 || len(lines) != 2 ||
+		strings.Join(strings.Fields(lines[1])[:3], " ") != name+" held cron-host-1" {
+		t.Fatalf("list: exit %d\n%s", code, out)
+	}
+	code, out, _ = runDlock(t, "list", "--json", name)
+	if code != 0 || !strings.Contains(out, `"owner":"cron-host-1"`) {
+		t.Fatalf("list --json: %q", out)
+	}
+}
+
+func TestDemoLockedRunsAreExact(t *testing.T) {
+	code, out, errs := runDlock(t, "demo", "all")
 	if code != 0 {
-		t.Fatalf("demo exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errs)
+		t.Fatalf("demo exit %d\n%s\n%s", code, out, errs)
 	}
-	if !strings.Contains(out, "with dlock  8     2        0             exact") {
-		t.Fatalf("locked run not exact:\n%s", out)
-	}
-	if !strings.Contains(out, "no lock     10") {
-		t.Logf("the unlocked run happened not to oversell this time:\n%s", out)
+	for _, want := range []string{"exact: 8 sold, 2 refused", "exact: 20 orders", "exact: one clean-up per tick", "exact: 0"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("demo output lacks %q:\n%s", want, out)
+		}
 	}
 }
 
@@ -45,12 +210,30 @@ func TestBadCommandLinesGiveOneClearError(t *testing.T) {
 		{[]string{"frobnicate"}, `dlock: error: unknown command "frobnicate"`},
 		{[]string{"demo", "nope"}, `dlock: error: unknown demo scenario "nope"`},
 		{[]string{"demo", "--redis", "bogus://x"}, `dlock: error: bad Redis URL "bogus://x"`},
-		{[]string{"demo", "--redis", "unix:///nonexistent/redis.sock"}, "dlock: error: cannot reach Redis"},
+		{[]string{"status", "--redis", "unix:///nonexistent/redis.sock", "x"}, "dlock: error: cannot reach Redis"},
+		{[]string{"run", "--bogus", "x", "--", "true"}, "dlock: error: flag provided but not defined: -bogus"},
+		{[]string{"run", "x"}, "dlock: error: run needs a lock NAME and a COMMAND"},
+		{[]string{"run", "--ttl", "0s", "x", "--", "true"}, "dlock: error: dlock: invalid argument: TTL 0s"},
+		{[]string{"status"}, "dlock: error: status takes exactly one lock NAME"},
+		{[]string{"release", "x"}, "dlock: error: release breaks another owner's lock: say --force"},
+		{[]string{"status", ""}, "dlock: error: dlock: invalid argument: empty lock name"},
 	}
 	for _, tc := range cases {
-		code, _, errs := runCLI(t, tc.args...)
-		if code == 0 || !strings.HasPrefix(errs, tc.want) || !strings.Contains(errs, "dlock: hint: ") {
-			t.Errorf("dlock %v: exit %d, stderr %q; want a failure starting %q with a hint", tc.args, code, errs, tc.want)
+		code, _, errs := runDlock(t, tc.args...)
+		if code == 0 || !strings.Contains(errs, tc.want) || strings.Count(errs, "dlock: error:") != 1 {
+			t.Errorf("dlock %v: exit %d, stderr %q; want one error containing %q", tc.args, code, errs, tc.want)
 		}
+	}
+}
+
+func TestHelpForEveryCommand(t *testing.T) {
+	for _, c := range []string{"run", "status", "list", "release", "demo"} {
+		code, out, errs := runDlock(t, c, "-h")
+		if code != 0 || !strings.Contains(out+errs, "Usage: dlock "+c) {
+			t.Errorf("dlock %s -h: exit %d, %q", c, code, out+errs)
+		}
+	}
+	if code, out, _ := runDlock(t, "help"); code != 0 || !strings.Contains(out, "dlock run [flags] NAME -- COMMAND") {
+		t.Errorf("dlock help: %d %q", code, out)
 	}
 }
