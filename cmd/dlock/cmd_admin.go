@@ -13,13 +13,18 @@ import (
 
 const adminTimeout = 10 * time.Second
 
-// adminClient connects and returns a dlock Client for the admin commands.
-func adminClient(c *commonFlags) (*dlock.Client, *connection, error) {
+// withAdmin connects and runs f with a dlock Client, bounded by adminTimeout.
+func withAdmin(c *commonFlags, f func(ctx context.Context, dl *dlock.Client) error) error {
 	conn, err := connect(c.redis, false)
 	if err != nil {
-		return nil, nil, err
+		return err
 	}
-	return dlock.New(conn.rdb, dlock.WithKeyPrefix(c.prefix)), conn, nil
+	defer conn.close()
+	dl := dlock.New(conn.rdb, dlock.WithKeyPrefix(c.prefix))
+	defer dl.Close(context.Background())
+	ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
+	defer cancel()
+	return f(ctx, dl)
 }
 
 func statusCommand(args []string, stdout, stderr io.Writer) error {
@@ -31,15 +36,11 @@ func statusCommand(args []string, stdout, stderr io.Writer) error {
 	if fs.NArg() != 1 {
 		return usageError{"status takes exactly one lock NAME", "dlock status orders:42"}
 	}
-	dl, conn, err := adminClient(common)
-	if err != nil {
+	var info dlock.LockInfo
+	err := withAdmin(common, func(ctx context.Context, dl *dlock.Client) (err error) {
+		info, err = dl.Inspect(ctx, fs.Arg(0))
 		return err
-	}
-	defer conn.close()
-	defer dl.Close(context.Background())
-	ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
-	defer cancel()
-	info, err := dl.Inspect(ctx, fs.Arg(0))
+	})
 	if err != nil {
 		return err
 	}
@@ -66,15 +67,11 @@ func listCommand(args []string, stdout, stderr io.Writer) error {
 	if fs.NArg() > 1 {
 		return usageError{"list takes at most one PATTERN", "dlock list 'orders:*'"}
 	}
-	dl, conn, err := adminClient(common)
-	if err != nil {
+	var locks []dlock.LockInfo
+	err := withAdmin(common, func(ctx context.Context, dl *dlock.Client) (err error) {
+		locks, err = dl.Locks(ctx, fs.Arg(0))
 		return err
-	}
-	defer conn.close()
-	defer dl.Close(context.Background())
-	ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
-	defer cancel()
-	locks, err := dl.Locks(ctx, fs.Arg(0))
+	})
 	if err != nil {
 		return err
 	}
@@ -111,15 +108,11 @@ func releaseCommand(args []string, stdout, stderr io.Writer) error {
 	if !*force {
 		return usageError{"release breaks another owner's lock: say --force", "holders release their own locks; this is for operators"}
 	}
-	dl, conn, err := adminClient(common)
-	if err != nil {
+	var broke bool
+	err := withAdmin(common, func(ctx context.Context, dl *dlock.Client) (err error) {
+		broke, err = dl.ForceRelease(ctx, fs.Arg(0))
 		return err
-	}
-	defer conn.close()
-	defer dl.Close(context.Background())
-	ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
-	defer cancel()
-	broke, err := dl.ForceRelease(ctx, fs.Arg(0))
+	})
 	if err != nil {
 		return err
 	}
