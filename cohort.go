@@ -223,8 +223,9 @@ func (co *cohort) acquire(ctx context.Context, cancel context.CancelFunc) {
 	case len(co.queue) > 0:
 		co.grantHeadLocked()
 	default:
+		h := co.detachLocked() // everyone left meanwhile
 		co.mu.Unlock()
-		_ = co.releaseHold(context.Background(), nil) // everyone left meanwhile
+		_ = co.releaseDetached(context.Background(), h, nil)
 		return
 	}
 	co.retireIfIdleLocked()
@@ -266,8 +267,9 @@ func (co *cohort) unlock(ctx context.Context, l *Lease) error {
 		l.finish(nil, true)
 		return nil
 	}
+	h := co.detachLocked()
 	co.mu.Unlock()
-	return co.releaseHold(ctx, l)
+	return co.releaseDetached(ctx, h, l)
 }
 
 // lingerOver releases a lingering hold nobody took up.
@@ -287,26 +289,33 @@ func (co *cohort) stopLingerLocked() {
 	}
 }
 
-// releaseLaterLocked releases the Client's hold from a background goroutine.
+// releaseLaterLocked detaches the Client's hold now and releases it from a background
+// goroutine.
 func (co *cohort) releaseLaterLocked() {
+	h := co.detachLocked()
 	if !co.c.goBackground() {
-		return // closing: Close releases it
+		return // closing: Close releases every hold
 	}
 	go func() {
 		defer co.c.wg.Done()
-		_ = co.releaseHold(context.Background(), nil)
+		_ = co.releaseDetached(context.Background(), h, nil)
 	}()
 }
 
-// releaseHold gives the Client's hold back to Redis (to the next process in the queue) and,
-// when local waiters remain, queues for it again. l, if not nil, is the lease whose Unlock
-// this is; it ends with the release's result.
-func (co *cohort) releaseHold(ctx context.Context, l *Lease) error {
-	co.mu.Lock()
+// detachLocked takes the Client's hold out of the cohort for release, in the same critical
+// section that decided to release it, so no goroutine can be handed it in between. The caller
+// passes it to releaseDetached.
+func (co *cohort) detachLocked() *hold {
 	h := co.h
 	co.h, co.busy = nil, true
 	co.stopLingerLocked()
-	co.mu.Unlock()
+	return h
+}
+
+// releaseDetached gives a detached hold back to Redis (to the next process in the queue) and,
+// when local waiters remain, queues for the lock again. l, if not nil, is the lease whose
+// Unlock this is; it ends with the release's result.
+func (co *cohort) releaseDetached(ctx context.Context, h *hold, l *Lease) error {
 	var err error
 	switch {
 	case h == nil || !h.beginRelease():
@@ -336,16 +345,19 @@ func (co *cohort) holdEnded(h *hold, err error) {
 		co.mu.Unlock()
 		return
 	}
-	co.h = nil
+	co.h, co.busy = nil, true // no new hold until the old leases are told
 	co.stopLingerLocked()
 	leases := co.leases
 	co.holder, co.leases = nil, nil
-	co.kickLocked()
-	co.retireIfIdleLocked()
 	co.mu.Unlock()
 	for _, l := range leases {
 		l.finish(err, false)
 	}
+	co.mu.Lock()
+	co.busy = false
+	co.kickLocked()
+	co.retireIfIdleLocked()
+	co.mu.Unlock()
 }
 
 // retireIfIdleLocked removes an idle cohort from the Client's table, so a process that locks

@@ -18,3 +18,16 @@ func CohortWaiters(c *Client, name string) int {
 
 // CohortBlock is the number of tokens a hold reserves, for tests to check against grant.lua.
 const CohortBlock = cohortBlock
+
+// CohortState reports whether c's cohort on name has a hold and a linger timer.
+func CohortState(c *Client, name string) (hasHold, lingering bool) {
+	c.mu.Lock()
+	co := c.cohorts[lockKeys(DefaultKeyPrefix, name).lock]
+	c.mu.Unlock()
+	if co == nil {
+		return false, false
+	}
+	co.mu.Lock()
+	defer co.mu.Unlock()
+	return co.h != nil, co.linger != nil
+}

@@ -271,3 +271,71 @@ func TestWaiterGivingUpLeavesTheQueue(t *testing.T) {
 		t.Fatal("lock granted to a waiter that had left")
 	}
 }
+
+// A hold the Client waited for lingers after its holder leaves; when the linger timer decides
+// to release it, a Lock arriving before the release goroutine runs is granted the hold, which
+// the goroutine then releases in Redis under it. Another Client then takes the lock while the
+// first lease is still held (Done open, Err nil).
+// (Found by review.) A regression test: whatever the timing, a lease the Client grants from a
+// lingering hold is really held in Redis.
+func TestLingerReleaseNeverDropsANewHolder(t *testing.T) {
+	for i := 0; i < 10; i++ {
+		lingerRace(t, false)
+		lingerRace(t, true)
+	}
+}
+
+func lingerRace(t *testing.T, reenter bool) {
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	c1, _ := newClient(t)
+	c2, rdb := newClient(t)
+	m1, m2 := c1.Mutex(name), c2.Mutex(name)
+
+	l2, err := m2.Lock(ctx) // another process holds it, so c1 must wait: its hold will linger
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *dlock.Lease)
+	go func() {
+		l, err := m1.Lock(ctx)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- l
+	}()
+	for dlock.CohortWaiters(c1, name) == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(20 * time.Millisecond)
+	if err := l2.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l1 := <-got
+	_ = l1.Unlock(ctx) // lingers 0.5 ms
+	hh, lg := dlock.CohortState(c1, name)
+	_ = hh
+	for lg { // wait for the linger timer to fire: the release is then decided
+		_, lg = dlock.CohortState(c1, name)
+	}
+	l1b, err := m1.TryLock(ctx) // granted locally only if the hold was still c1's
+	if err != nil {
+		return // given back already: fine
+	}
+	time.Sleep(10 * time.Millisecond)
+	l2b, err := m2.TryLock(ctx)
+	if err == nil {
+		select {
+		case <-l1b.Done():
+			t.Logf("l1b ended: %v", l1b.Err())
+		default:
+			t.Errorf("two holders: c1's lease (token %d, Done open, Err %v) and c2's (token %d)", l1b.Token(), l1b.Err(), l2b.Token())
+		}
+		_ = l2b.Unlock(ctx)
+	}
+	_ = rdb
+	if reenter {
+		_, _ = m1.Lock(ctx) // re-entry by the same handle
+	}
+	_ = l1b.Unlock(ctx)
+}

@@ -27,7 +27,7 @@ const (
 	livenessWindow  = 750 * time.Millisecond
 	livenessRefresh = 250 * time.Millisecond
 	grantGrace      = 500 * time.Millisecond
-	queueTTL        = time.Minute // a lock's queue keys vanish this long after the last new waiter
+	queueTTL        = time.Minute // a lock's queue keys vanish this long after the last waiter's refresh
 	// A caller outside the queue may take a free lock ahead of a first waiter that has waited
 	// less than bargeWindow (bounded barging, as in sync.Mutex): a process that releases and
 	// re-locks at once keeps going instead of paying a cross-process hand-off each time, and

@@ -20,7 +20,7 @@
 -- ARGV[10] "1" if the owner re-enters its own holds (counted); "0" for a Client's cohort,
 --          whose own hold still found in Redis is stale (it lost track of it) and is re-taken
 --          as a fresh hold with a new token block
--- ARGV[11] queue keys' TTL in ms: a queue nobody joins for this long disappears
+-- ARGV[11] queue keys' TTL in ms: a queue no waiter refreshes for this long disappears
 -- ARGV[12] barging window in ms: a caller outside the queue may take a free lock ahead of a
 --          first waiter that has waited less than this (0: never), as a new goroutine may
 --          take a sync.Mutex ahead of a waiter that has not starved yet
@@ -89,8 +89,9 @@ if ARGV[5] == '1' then
   local now = now_ms()
   if redis.call('HSET', KEYS[5], owner, now + tonumber(ARGV[6])) == 1 then
     redis.call('ZADD', KEYS[4], 'NX', now, owner) -- a new waiter (a refresh only moves its deadline)
-    redis.call('PEXPIRE', KEYS[4], ARGV[11])
-    redis.call('PEXPIRE', KEYS[5], ARGV[11])
   end
+  -- The queue lives while anyone waits in it, and disappears on its own after.
+  redis.call('PEXPIRE', KEYS[4], ARGV[11])
+  redis.call('PEXPIRE', KEYS[5], ARGV[11])
 end
 return {0, redis.call('PTTL', KEYS[1])}
