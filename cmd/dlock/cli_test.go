@@ -237,3 +237,45 @@ func TestHelpForEveryCommand(t *testing.T) {
 		t.Errorf("dlock help: %d %q", code, out)
 	}
 }
+
+func TestSignalWhileWaitingExitsWithTheSignal(t *testing.T) {
+	name := uniqueName(t)
+	rdb := redistest.Client(t)
+	c := dlock.New(rdb, dlock.WithoutCohort())
+	defer c.Close(context.Background())
+	l, err := c.Mutex(name).Lock(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Unlock(context.Background())
+	cmd := dlockCmd(t, "run", name, "--", "true")
+	var errb bytes.Buffer
+	cmd.Stderr = &errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if info, _ := c.Inspect(context.Background(), name); info.Waiters == 1 {
+			break // queued in Redis: waiting
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("dlock run never queued for the lock")
+		}
+	}
+	_ = cmd.Process.Signal(syscall.SIGINT)
+	if code := exitCode(cmd.Wait()); code != 130 || !strings.Contains(errb.String(), "interrupt while waiting") {
+		t.Fatalf("SIGINT while waiting: exit %d, stderr %q; want 130", code, errb.String())
+	}
+}
+
+func TestCommandDiesWithDlock(t *testing.T) {
+	cmd, _, pid := startRun(t, uniqueName(t))
+	_ = cmd.Process.Kill() // SIGKILL: dlock cannot forward anything
+	_, _ = cmd.Process.Wait()
+	for deadline := time.Now().Add(5 * time.Second); syscall.Kill(pid, 0) == nil; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+			t.Fatal("the command outlived dlock: it would run on without the lock")
+		}
+	}
+}

@@ -8,9 +8,11 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"runtime"
 	"strconv"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/dlock-go/dlock"
 )
@@ -59,10 +61,17 @@ func runCommand(args []string, stdout, stderr io.Writer) int {
 
 	// Signals while waiting give up the wait; while the command runs they are forwarded.
 	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	signal.Notify(sigs, forwarded...)
 	defer signal.Stop(sigs)
 
-	lease, err := acquire(m, *noWait, *wait, sigs)
+	lease, sig, err := acquire(m, *noWait, *wait, sigs)
+	if sig != nil {
+		if lease != nil {
+			_ = lease.Unlock(context.Background())
+		}
+		fmt.Fprintf(stderr, "dlock: error: %v while waiting for lock %q\n", sig, name)
+		return 128 + int(sig.(syscall.Signal))
+	}
 	if err != nil {
 		if errors.Is(err, dlock.ErrNotObtained) {
 			fmt.Fprintf(stderr, "dlock: error: lock %q is held by another owner\n", name)
@@ -75,23 +84,44 @@ func runCommand(args []string, stdout, stderr io.Writer) int {
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, stdout, stderr
 	cmd.Env = append(os.Environ(), "DLOCK_NAME="+name, "DLOCK_TOKEN="+strconv.FormatUint(lease.Token(), 10),
 		"DLOCK_OWNER="+m.Owner())
-	// Its own process group, so a lost lease stops the command's children too.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
+	// The command dies with dlock, whatever kills dlock: it must never outlive the lock.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	group := !isTerminal(os.Stdin)
+	if group {
+		// Its own process group, so a lost lease stops the command's children too. Not from a
+		// terminal: a background group reading it would be stopped (SIGTTIN) while the lock is
+		// renewed forever.
+		cmd.SysProcAttr.Setpgid = true
+	}
+	started, exited := make(chan error, 1), make(chan error, 1)
+	go func() {
+		// Pdeathsig follows the thread that started the command: keep this goroutine on its
+		// thread until the command has exited.
+		runtime.LockOSThread()
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		exited <- cmd.Wait()
+	}()
+	if err := <-started; err != nil {
 		_ = lease.Unlock(context.Background())
 		return report(hinted{fmt.Errorf("start %q: %w", command[0], err), "check the command's path and permissions"}, stderr)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	target := cmd.Process.Pid
+	if group {
+		target = -target
+	}
 
 	code := exitOK
 	for done := false; !done; {
 		select {
 		case sig := <-sigs:
-			_ = syscall.Kill(-cmd.Process.Pid, sig.(syscall.Signal))
+			_ = syscall.Kill(target, sig.(syscall.Signal))
 		case <-lease.Done():
 			fmt.Fprintf(stderr, "dlock: error: lease on %q lost (%v); stopping the command\n", name, lease.Err())
-			stop(cmd, exited, *grace)
+			stop(target, exited, *grace)
 			return exitLost
 		case err := <-exited:
 			code = exitCode(err)
@@ -109,38 +139,63 @@ func runCommand(args []string, stdout, stderr io.Writer) int {
 	return code
 }
 
-// acquire takes the lock once (noWait) or waits for it, for at most wait when wait > 0, and
-// gives up on a signal.
-func acquire(m *dlock.Mutex, noWait bool, wait time.Duration, sigs <-chan os.Signal) (*dlock.Lease, error) {
+// forwarded are the signals dlock passes on to the command (and that end a wait for the lock).
+var forwarded = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT,
+	syscall.SIGUSR1, syscall.SIGUSR2}
+
+// acquire takes the lock once (noWait) or waits for it, for at most wait when wait > 0. A
+// signal ends the wait and is returned; a lease already taken is returned with it, for the
+// caller to release.
+func acquire(m *dlock.Mutex, noWait bool, wait time.Duration, sigs <-chan os.Signal) (*dlock.Lease, os.Signal, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	if noWait {
-		return m.TryLock(ctx)
+		l, err := m.TryLock(ctx)
+		return l, nil, err
 	}
 	if wait > 0 {
 		ctx, cancel = context.WithTimeout(ctx, wait)
 		defer cancel()
 	}
+	caught := make(chan os.Signal, 1)
+	stopWatch, watched := make(chan struct{}), make(chan struct{})
 	go func() {
+		defer close(watched)
 		select {
-		case <-sigs:
+		case sig := <-sigs:
+			caught <- sig
 			cancel()
-		case <-ctx.Done():
+		case <-stopWatch:
 		}
 	}()
-	return m.Lock(ctx)
+	l, err := m.Lock(ctx)
+	close(stopWatch)
+	<-watched // from here on, signals go to the run loop only
+	select {
+	case sig := <-caught:
+		return l, sig, err
+	default:
+		return l, nil, err
+	}
 }
 
-// stop ends the command's process group: SIGTERM, then SIGKILL after grace.
-func stop(cmd *exec.Cmd, exited <-chan error, grace time.Duration) {
-	pgid := -cmd.Process.Pid
-	_ = syscall.Kill(pgid, syscall.SIGTERM)
+// stop ends the command (its process group when target < 0): SIGTERM, then SIGKILL after
+// grace.
+func stop(target int, exited <-chan error, grace time.Duration) {
+	_ = syscall.Kill(target, syscall.SIGTERM)
 	select {
 	case <-exited:
 	case <-time.After(grace):
-		_ = syscall.Kill(pgid, syscall.SIGKILL)
+		_ = syscall.Kill(target, syscall.SIGKILL)
 		<-exited
 	}
+}
+
+// isTerminal reports whether f is a terminal (TCGETS succeeds; /dev/null is not one).
+func isTerminal(f *os.File) bool {
+	var t syscall.Termios
+	_, _, errno := syscall.Syscall(syscall.SYS_IOCTL, f.Fd(), syscall.TCGETS, uintptr(unsafe.Pointer(&t)))
+	return errno == 0
 }
 
 // exitCode is the command's exit code, 128+signal if a signal ended it.
