@@ -103,7 +103,7 @@ func (c *Client) waitHold(ctx context.Context, s holdSpec, contended bool) (*hol
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
-		h, wait, err := c.tryHold(ctx, s, true)
+		h, wait, err := c.tryHoldShallow(ctx, s)
 		if h != nil || !errors.Is(err, ErrNotObtained) {
 			if err != nil && (ctx.Err() != nil || c.checkOpen() != nil) {
 				c.leaveQueue(s)
@@ -137,6 +137,24 @@ func (c *Client) waitHold(ctx context.Context, s holdSpec, contended bool) (*hol
 		case <-timer.C:
 		}
 	}
+}
+
+// tryHoldShallow runs a queued attempt on a short-lived goroutine. A waiter's own goroutine
+// then never grows the deep stack of a Redis call, which it would keep while it waits: with
+// thousands of waiters that is most of their memory.
+func (c *Client) tryHoldShallow(ctx context.Context, s holdSpec) (*hold, time.Duration, error) {
+	type result struct {
+		h    *hold
+		wait time.Duration
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		h, wait, err := c.tryHold(ctx, s, true)
+		done <- result{h, wait, err}
+	}()
+	r := <-done
+	return r.h, r.wait, r.err
 }
 
 // leaveQueue takes a waiter that gave up out of the lock's queue; if a release granted it the

@@ -75,37 +75,46 @@ func (c *Client) cohortFor(m *Mutex) *cohort {
 // lock takes the lock for handle m: at once if m already holds it (re-entry) or the Client
 // holds it with nobody waiting locally; otherwise through the local queue, which the Client
 // serves by taking the Redis lock. Without wait it makes one attempt.
+//
+// The waiting itself happens in await, a small frame: a goroutine waiting here keeps the
+// smallest stack, which with thousands of waiters is most of their memory.
 func (c *Client) cohortLock(ctx context.Context, m *Mutex, wait bool) (*Lease, error) {
 	for {
 		co := c.cohortFor(m)
-		l, err, retry := co.lock(ctx, m, wait)
-		if !retry {
-			return l, err
+		l, w, err, retry := co.lock(ctx, m, wait)
+		switch {
+		case retry:
+			continue
+		case w != nil:
+			return co.await(ctx, m, w)
 		}
+		return l, err
 	}
 }
 
-func (co *cohort) lock(ctx context.Context, m *Mutex, wait bool) (l *Lease, err error, retry bool) {
+// lock does everything that needs no waiting: re-entry, a local hand-off, an attempt in Redis
+// when the cohort is idle. When the caller must wait it queues it and returns its waiter.
+func (co *cohort) lock(ctx context.Context, m *Mutex, wait bool) (l *Lease, w *cohortWaiter, err error, retry bool) {
 	co.mu.Lock()
 	if co.dead {
 		co.mu.Unlock()
-		return nil, nil, true
+		return nil, nil, nil, true
 	}
 	if err := co.c.checkOpen(); err != nil {
 		co.mu.Unlock()
-		return nil, fmt.Errorf("%w: lock %q", err, m.name), false
+		return nil, nil, fmt.Errorf("%w: lock %q", err, m.name), false
 	}
 	if co.holder == m && co.h.isHeld() { // re-entry: same handle, same token
 		l := newLease(m, co.h, co, co.leases[0].token)
 		co.leases = append(co.leases, l)
 		co.mu.Unlock()
-		return l, nil, false
+		return l, nil, nil, false
 	}
 	if co.holder == nil && len(co.queue) == 0 && co.canHandOffLocked() {
 		co.stopLingerLocked()
 		l := co.grantLocked(m)
 		co.mu.Unlock()
-		return l, nil, false
+		return l, nil, nil, false
 	}
 	if co.holder == nil && co.h != nil && !co.busy {
 		// Lingering past the batch bounds: give it back now; this caller queues for the next.
@@ -122,28 +131,37 @@ func (co *cohort) lock(ctx context.Context, m *Mutex, wait bool) (l *Lease, err 
 		if h != nil && co.installLocked(h, false) {
 			l := co.grantLocked(m)
 			co.mu.Unlock()
-			return l, nil, false
+			return l, nil, nil, false
 		}
 		if h == nil && (!errors.Is(err, ErrNotObtained) || !wait || ctx.Err() != nil) {
 			co.kickLocked() // serve waiters that queued meanwhile
 			co.retireIfIdleLocked()
 			co.mu.Unlock()
-			return nil, err, false
+			return nil, nil, err, false
 		}
 	} else if !wait {
 		co.mu.Unlock()
-		return nil, fmt.Errorf("%w: %q", ErrNotObtained, m.name), false
+		return nil, nil, fmt.Errorf("%w: %q", ErrNotObtained, m.name), false
 	}
-	w := &cohortWaiter{m: m, ready: make(chan grantResult, 1)}
+	w = &cohortWaiter{m: m, ready: make(chan grantResult, 1)}
 	co.queue = append(co.queue, w)
 	co.kickLocked()
 	co.mu.Unlock()
+	return nil, w, nil, false
+}
 
+// await waits for w to be served or for ctx to end.
+func (co *cohort) await(ctx context.Context, m *Mutex, w *cohortWaiter) (*Lease, error) {
 	select {
 	case r := <-w.ready:
-		return r.l, r.err, false
+		return r.l, r.err
 	case <-ctx.Done():
 	}
+	return co.giveUp(ctx, m, w)
+}
+
+// giveUp takes a waiter whose ctx ended out of the queue, passing on a lock granted meanwhile.
+func (co *cohort) giveUp(ctx context.Context, m *Mutex, w *cohortWaiter) (*Lease, error) {
 	co.mu.Lock()
 	if i := slices.Index(co.queue, w); i >= 0 {
 		co.queue = slices.Delete(co.queue, i, i+1)
@@ -157,7 +175,7 @@ func (co *cohort) lock(ctx context.Context, m *Mutex, wait bool) (l *Lease, err 
 			_ = r.l.Unlock(context.WithoutCancel(ctx))
 		}
 	}
-	return nil, errors.Join(fmt.Errorf("%w: %q", ErrNotObtained, m.name), ctx.Err()), false
+	return nil, errors.Join(fmt.Errorf("%w: %q", ErrNotObtained, m.name), ctx.Err())
 }
 
 // canHandOffLocked reports whether the Client's hold may serve one more local holder.

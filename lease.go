@@ -55,7 +55,7 @@ func (l *Lease) Token() uint64 { return l.token }
 func (l *Lease) Name() string { return l.m.name }
 
 // Owner returns the owner id of the handle the lease was taken with.
-func (l *Lease) Owner() string { return l.m.owner }
+func (l *Lease) Owner() string { return l.m.Owner() }
 
 // Done returns a channel that is closed when the lease ends: released by Unlock, lost, or
 // ended by Client.Close. Err then tells which.

@@ -3,6 +3,7 @@ package dlock
 import (
 	"context"
 	"errors"
+	"sync"
 )
 
 // A Mutex is a handle on one named lock. It is cheap to create and holds no Redis state; the
@@ -14,13 +15,14 @@ import (
 // batch at a time (see WithoutCohort). A handle made WithOwner takes the lock in Redis under
 // that id instead, so handles sharing the id, in any process, re-enter each other there.
 type Mutex struct {
-	c      *Client
-	name   string
-	keys   keys
-	cfg    config
-	owner  string
-	cohort bool  // served by the Client's cohort for this lock (see cohort.go)
-	err    error // invalid name or option, reported by Lock and TryLock
+	c         *Client
+	name      string
+	keys      keys
+	cfg       config
+	owner     string    // see Owner
+	ownerOnce sync.Once // a cohort handle's id is made on first use: Redis never sees it
+	cohort    bool      // served by the Client's cohort for this lock (see cohort.go)
+	err       error     // invalid name or option, reported by Lock and TryLock
 }
 
 // Mutex returns a handle on the lock called name. Options override the Client's. An invalid
@@ -30,18 +32,27 @@ func (c *Client) Mutex(name string, opts ...Option) *Mutex {
 	m.err = errors.Join(c.err, validateName(name), m.cfg.validate())
 	m.keys = lockKeys(m.cfg.keyPrefix(), name)
 	m.owner = m.cfg.owner
-	if !m.cfg.ownerSet {
-		m.owner = newOwnerID()
-	}
 	m.cohort = !m.cfg.ownerSet && !m.cfg.noCohort
+	if !m.cfg.ownerSet && !m.cohort {
+		m.owner = newOwnerID() // the owner field of its holds in Redis
+	}
 	return m
 }
 
 // Name returns the lock's name.
 func (m *Mutex) Name() string { return m.name }
 
-// Owner returns the owner id of this handle.
-func (m *Mutex) Owner() string { return m.owner }
+// Owner returns the owner id of this handle: the WithOwner id, or a random 128-bit one. A
+// cohort handle's holds appear in Redis under its Client's id; this id then names the handle
+// only (for logs, or a command's environment).
+func (m *Mutex) Owner() string {
+	m.ownerOnce.Do(func() {
+		if m.owner == "" {
+			m.owner = newOwnerID()
+		}
+	})
+	return m.owner
+}
 
 // TryLock makes one attempt to take the lock. It returns a held Lease, or an error matching
 // ErrNotObtained when another owner holds the lock (or, with cohorting, another goroutine of
@@ -71,7 +82,12 @@ func (m *Mutex) lock(ctx context.Context, wait bool) (*Lease, error) {
 	if m.cohort {
 		return m.c.cohortLock(ctx, m, wait)
 	}
-	s := holdSpec{name: m.name, keys: m.keys, cfg: m.cfg, owner: m.owner, reentrant: true}
+	return m.plainLock(ctx, wait)
+}
+
+// plainLock takes the lock in Redis under the handle's own owner id.
+func (m *Mutex) plainLock(ctx context.Context, wait bool) (*Lease, error) {
+	s := holdSpec{name: m.name, keys: m.keys, cfg: m.cfg, owner: m.Owner(), reentrant: true}
 	var h *hold
 	var err error
 	if wait {
