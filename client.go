@@ -138,21 +138,16 @@ func (c *Client) track(ctx context.Context, l *hold, sent time.Time) error {
 	n := c.notifierFor(ctx, l.keys.lock)
 	l.mu.Lock()
 	l.notif = n
-	l.mu.Unlock()
-	if n != nil {
-		n.watch(l.keys.lock, l)
-	}
-	l.mu.Lock()
-	held := l.state == holdHeld // a pushed loss or Close may have ended it already
+	held := l.state == holdHeld // Close may have ended it already
 	if held {
 		l.setDeadlineLocked(sent, l.ttl)
 	}
 	l.mu.Unlock()
 	if !held {
-		if n != nil {
-			n.unwatch(l.keys.lock, l)
-		}
 		return nil
+	}
+	if n != nil {
+		n.watch(l.keys.lock, l)
 	}
 	if !l.cfg.fixedLease {
 		c.renew.add(l, sent)

@@ -66,7 +66,8 @@ func (c *Client) cohortFor(m *Mutex) *cohort {
 	defer c.mu.Unlock()
 	co := c.cohorts[m.keys.lock]
 	if co == nil {
-		co = &cohort{c: c, spec: holdSpec{name: m.name, keys: m.keys, cfg: m.cfg, owner: c.id, reentrant: false}}
+		k := lockKeys(m.cfg.keyPrefix(), m.name)
+		co = &cohort{c: c, spec: holdSpec{name: m.name, keys: k, cfg: m.cfg, owner: c.id, reentrant: false}}
 		c.cohorts[m.keys.lock] = co
 	}
 	return co

@@ -40,8 +40,8 @@ type hold struct {
 	ttl          time.Duration
 	deadline     time.Time   // monotonic: when the hold counts as lost without a renewal
 	deadlineFrom time.Time   // send time of the acquire/renewal/extend that set deadline
-	timer        *time.Timer // fires at deadline
-	armTimer     *time.Timer // arms push loss detection (see notifier.watch)
+	timer        *time.Timer // fires at armAt, then at deadline: one timer per hold
+	armAt        time.Time   // when to arm push loss detection (zero: done or not watched)
 	heapIdx      int         // position in the renewer's heap, -1 when not scheduled (renewer.mu)
 	renewAt      time.Time   // next renewal (renewer.mu)
 }
@@ -159,9 +159,6 @@ func (h *hold) end(err error, notify bool) {
 	if h.timer != nil {
 		h.timer.Stop()
 	}
-	if h.armTimer != nil {
-		h.armTimer.Stop()
-	}
 	n, onEnd := h.notif, h.onEnd
 	h.mu.Unlock()
 	// After the state change, so a renewal in flight cannot queue the hold again.
@@ -186,19 +183,41 @@ func (h *hold) setDeadlineLocked(sent time.Time, ttl time.Duration) {
 	h.deadlineFrom = sent
 	margin := time.Duration(float64(ttl) * h.cfg.driftFactor())
 	h.deadline = sent.Add(ttl - margin)
-	d := time.Until(h.deadline)
+	h.resetTimerLocked()
+}
+
+// resetTimerLocked sets the hold's one timer to its next event: arming loss detection, or the
+// safe deadline.
+func (h *hold) resetTimerLocked() {
+	next := h.deadline
+	if !h.armAt.IsZero() && h.armAt.Before(next) {
+		next = h.armAt
+	}
+	d := time.Until(next)
 	if h.timer == nil {
-		h.timer = time.AfterFunc(d, h.deadlinePassed)
+		h.timer = time.AfterFunc(d, h.timerFired)
 	} else {
 		h.timer.Reset(d)
 	}
 }
 
-func (h *hold) deadlinePassed() {
+func (h *hold) timerFired() {
 	h.mu.Lock()
-	early := time.Now().Before(h.deadline) // a renewal moved the deadline and reset the timer
+	now := time.Now()
+	arm := !h.armAt.IsZero() && !now.Before(h.armAt)
+	if arm {
+		h.armAt = time.Time{}
+	}
+	late := !now.Before(h.deadline) // else a renewal moved the deadline and reset the timer
+	if h.state == holdHeld && !late {
+		h.resetTimerLocked()
+	}
+	n := h.notif
 	h.mu.Unlock()
-	if early {
+	if arm && n != nil {
+		n.arm(h.keys.lock, h)
+	}
+	if !late {
 		return
 	}
 	if h.cfg.fixedLease {

@@ -11,8 +11,11 @@ type keys struct {
 	channel string // pub/sub channel for grants ("g <owner>") and releases ("r")
 }
 
+// lockKey is the key of the lock hash; the lock's other keys extend it.
+func lockKey(prefix, name string) string { return prefix + "{" + name + "}" }
+
 func lockKeys(prefix, name string) keys {
-	base := prefix + "{" + name + "}"
+	base := lockKey(prefix, name)
 	return keys{
 		lock:    base,
 		fence:   base + ":fence",

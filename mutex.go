@@ -17,7 +17,7 @@ import (
 type Mutex struct {
 	c         *Client
 	name      string
-	keys      keys
+	keys      keys // all of them for a plain handle; only the lock key for a cohort handle
 	cfg       config
 	owner     string    // see Owner
 	ownerOnce sync.Once // a cohort handle's id is made on first use: Redis never sees it
@@ -30,11 +30,16 @@ type Mutex struct {
 func (c *Client) Mutex(name string, opts ...Option) *Mutex {
 	m := &Mutex{c: c, name: name, cfg: c.cfg.apply(opts)}
 	m.err = errors.Join(c.err, validateName(name), m.cfg.validate())
-	m.keys = lockKeys(m.cfg.keyPrefix(), name)
 	m.owner = m.cfg.owner
 	m.cohort = !m.cfg.ownerSet && !m.cfg.noCohort
-	if !m.cfg.ownerSet && !m.cohort {
-		m.owner = newOwnerID() // the owner field of its holds in Redis
+	if m.cohort {
+		// Only the lock key, to find the cohort: it holds the rest, once per lock.
+		m.keys = keys{lock: lockKey(m.cfg.keyPrefix(), name)}
+	} else {
+		m.keys = lockKeys(m.cfg.keyPrefix(), name)
+		if !m.cfg.ownerSet {
+			m.owner = newOwnerID() // the owner field of its holds in Redis
+		}
 	}
 	return m
 }

@@ -378,26 +378,32 @@ func (n *notifier) watch(key string, l *hold) {
 	n.watchSeq++
 	set[l] = n.watchSeq
 	n.mu.Unlock()
-	// Arm tracking a moment later: most contended holds end sooner and never cost a read, while
-	// a change before the read is still caught by it, well within the 5 ms loss-detection goal.
-	arm := time.AfterFunc(trackDelay, func() {
-		n.mu.Lock()
-		_, ok := n.watched[key][l]
-		if ok {
-			n.pending[key] = struct{}{}
-		}
-		n.mu.Unlock()
-		if ok {
-			n.poke()
-		}
-	})
+	// Arm tracking a moment later (the hold's timer calls arm): most contended holds end
+	// sooner and never cost a read, while a change before the read is still caught by it,
+	// well within the 5 ms loss-detection goal.
 	l.mu.Lock()
-	if l.state == holdEnded {
-		arm.Stop()
-	} else {
-		l.armTimer = arm // stopped when the hold ends: a short hold costs no timer goroutine
+	ended := l.state == holdEnded
+	if !ended {
+		l.armAt = time.Now().Add(trackDelay)
+		l.resetTimerLocked()
 	}
 	l.mu.Unlock()
+	if ended {
+		n.unwatch(key, l)
+	}
+}
+
+// arm queues a watched hold's key for its first tracked read.
+func (n *notifier) arm(key string, l *hold) {
+	n.mu.Lock()
+	_, ok := n.watched[key][l]
+	if ok {
+		n.pending[key] = struct{}{}
+	}
+	n.mu.Unlock()
+	if ok {
+		n.poke()
+	}
 }
 
 func (n *notifier) unwatch(key string, l *hold) {
