@@ -1,7 +1,7 @@
 # dlock: `make demo` and `make test` do all set-up on a fresh Debian machine with Go.
 GO ?= go
 
-.PHONY: demo test bench bench-pg build redis-server clean
+.PHONY: demo test bench bench-pg safety build redis-server clean
 
 # redis-server is needed by the tests and by the demo's throwaway server.
 redis-server:
@@ -32,6 +32,11 @@ bench: redis-server
 # The same with PostgreSQL advisory locks (a throwaway server from Debian's postgresql).
 bench-pg: redis-server
 	bench/with-postgres.sh -out ../docs
+
+# Fault injection (client pauses, Redis paused, killed and restarted) with checked histories
+# and positive controls; writes docs/SAFETY.md. SAFETY_QUICK=1 for a run under a minute.
+safety: redis-server
+	cd safety && $(GO) run . -out ../docs
 
 clean:
 	rm -rf bin
