@@ -73,7 +73,7 @@ func (c *Client) cohortFor(m *Mutex) *cohort {
 	return co
 }
 
-// lock takes the lock for handle m: at once if m already holds it (re-entry) or the Client
+// cohortLock takes the lock for handle m: at once if m already holds it (re-entry) or the Client
 // holds it with nobody waiting locally; otherwise through the local queue, which the Client
 // serves by taking the Redis lock. Without wait it makes one attempt.
 //

@@ -75,6 +75,9 @@ func runClient(spec clientSpec) error {
 				cancel()
 				rec(op{Kind: "acquire", Call: call, Return: mono(), Result: outcomeOf(err, "fail")})
 				time.Sleep(time.Millisecond)
+				if err != nil {
+					time.Sleep(10 * time.Millisecond) // Redis down: do not spin
+				}
 				continue
 			}
 			// Tokens it hands out but nothing checks: what "fencing disabled" means.
@@ -90,6 +93,7 @@ func runClient(spec clientSpec) error {
 			if err != nil {
 				cancel()
 				rec(op{Kind: "acquire", Call: call, Return: mono(), Result: outcomeOf(err, "fail")})
+				time.Sleep(10 * time.Millisecond) // Redis down: do not spin on "connection refused"
 				continue
 			}
 			token, done = l.Token(), l.Done()
