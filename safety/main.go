@@ -52,10 +52,14 @@ func main() {
 			os.Exit(1)
 		}
 	}
-	ops, faults, violations, caught, controls := 0, 0, 0, 0, 0
+	fmt.Println(summaryLine(results))
+	if violations, caught, controls := tally(results); violations > 0 || caught < controls {
+		os.Exit(1)
+	}
+}
+
+func tally(results []result) (violations, caught, controls int) {
 	for _, r := range results {
-		ops += r.Verdict.Ops
-		faults += r.Faults
 		if r.Control {
 			controls++
 			if r.Caught() {
@@ -65,10 +69,18 @@ func main() {
 		}
 		violations += r.Violations()
 	}
-	fmt.Printf("safety: %d ops, %d faults, %d violations, controls caught %d/%d\n", ops, faults, violations, caught, controls)
-	if violations > 0 || caught < controls {
-		os.Exit(1)
+	return violations, caught, controls
+}
+
+// summaryLine is the run's last line: ops, faults, violations, and the controls' catch.
+func summaryLine(results []result) string {
+	ops, faults := 0, 0
+	for _, r := range results {
+		ops += r.Verdict.Ops
+		faults += r.Faults
 	}
+	violations, caught, controls := tally(results)
+	return fmt.Sprintf("safety: %d ops, %d faults, %d violations, controls caught %d/%d", ops, faults, violations, caught, controls)
 }
 
 func init() {
