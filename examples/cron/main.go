@@ -45,10 +45,11 @@ func run(ctx context.Context, rdb *redis.Client, job string, out io.Writer) erro
 			c := dlock.New(rdb) // one Client per node, as in separate processes
 			defer c.Close(ctx)
 			for tick := 0; tick < ticks; tick++ {
-				// The tick's lock is never unlocked: it expires with its fixed lease, so a node
-				// that wakes late for the same tick finds it taken and skips.
+				// Whoever gets the tick's lock runs the clean-up unless it is marked done; the
+				// others skip. The mark makes a node that wakes late skip too, even after the
+				// lock was released.
 				name := fmt.Sprintf("%s:%d", job, tick)
-				l, err := c.Mutex(name, dlock.WithTTL(time.Second), dlock.WithFixedLease()).TryLock(ctx)
+				l, err := c.Mutex(name).TryLock(ctx)
 				if errors.Is(err, dlock.ErrNotObtained) {
 					skips.Add(1)
 					continue
@@ -57,11 +58,17 @@ func run(ctx context.Context, rdb *redis.Client, job string, out io.Writer) erro
 					errs[n] = err
 					return
 				}
-				select {
-				case <-l.Done(): // lost the lease: stop, another node may run now
-				case <-time.After(20 * time.Millisecond): // the clean-up's work
-					runs.Add(1)
+				if rdb.Exists(ctx, name+":done").Val() == 1 {
+					skips.Add(1)
+				} else {
+					select {
+					case <-l.Done(): // lost the lease: stop, another node may run now
+					case <-time.After(20 * time.Millisecond): // the clean-up's work
+						runs.Add(1)
+						rdb.Set(ctx, name+":done", n, time.Hour)
+					}
 				}
+				_ = l.Unlock(ctx)
 			}
 		}()
 	}
