@@ -21,8 +21,12 @@
 //
 // A lock is a Redis hash {owner: holdCount} with a TTL. Acquire, release and extend are one
 // Lua script each, one round trip each. The same owner re-enters at once and must Unlock once
-// per Lock. Every fresh acquisition increments a per-lock counter: the fencing token, which
-// strictly increases across all owners.
+// per Lock. Every fresh acquisition reserves a block of tokens from a per-lock counter:
+// fencing tokens strictly increase across all owners, processes and goroutines.
+//
+// Waiting is fair: goroutines of one Client queue locally and are handed the lock without a
+// Redis round trip in bounded batches (cohorting); processes wait in a FIFO kept in Redis,
+// where a release hands the lock to the next live waiter and wakes only it.
 //
 // While held, the Client's renewer extends every lease at TTL/3 (default TTL 30s). A lease is
 // lost when its key is deleted, expires or is taken, which Redis pushes to the Client through

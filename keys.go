@@ -6,7 +6,7 @@ type keys struct {
 	lock    string // hash {owner: holdCount} with the lease TTL
 	fence   string // fencing counter, INCR'd on each fresh acquisition; never expires
 	opLog   string // last acquire/release id per owner, so retried calls are not applied twice
-	queue   string // list of waiting owners, first come first served
+	queue   string // sorted set of waiting owners by arrival: first come first served
 	live    string // hash {waiting owner: liveness deadline}, so dead waiters are skipped
 	channel string // pub/sub channel for grants ("g <owner>") and releases ("r")
 }
