@@ -127,7 +127,10 @@ func (l *Lease) Unlock(ctx context.Context) error {
 		return l.co.unlock(ctx, l)
 	}
 	if state == leaseHeld && !l.h.beginRelease() {
-		return l.heldErr() // lost while we got here
+		// Lost while we got here: end the lease with the hold's loss even if the hold's own
+		// notice has not reached it yet.
+		l.finish(l.h.lossErr(), true)
+		return l.heldErr()
 	}
 	// Here the hold is releasing, or was ended locally by an earlier Unlock whose release
 	// failed: the script is idempotent, so run it (again).
