@@ -44,7 +44,7 @@ func (c *Client) tryHold(ctx context.Context, s holdSpec, queue bool) (*hold, ti
 	}
 	holdID := c.nextHoldID()
 	k := s.keys
-	sent := time.Now()
+	sent := c.now()
 	res, err := scripts.Acquire.Run(ctx, c.rdb, []string{k.lock, k.fence, k.opLog, k.queue, k.live},
 		s.owner, ttl.Milliseconds(), holdID, opLogTTL.Milliseconds(), queue,
 		livenessWindow.Milliseconds(), k.channel, grantGrace.Milliseconds(), c.publishCmd,
@@ -82,6 +82,13 @@ func (c *Client) tryHold(ctx context.Context, s holdSpec, queue bool) (*hold, ti
 	}
 	if !h.isHeld() { // lost or closed the moment it was taken
 		return nil, 0, h.lossErr()
+	}
+	if !h.valid() {
+		// The reply came after the safe deadline (a slow network): never hand out a lease
+		// that is already over. Drop the hold in Redis and let the caller try again.
+		h.lose(errLateReply)
+		c.abandon(s, holdID)
+		return nil, 0, fmt.Errorf("%w: %q: %w", ErrNotObtained, s.name, errLateReply)
 	}
 	return h, 0, nil
 }

@@ -29,6 +29,7 @@ type Client struct {
 	seq        atomic.Uint64
 	renew      *renewer
 	publishCmd string // PUBLISH, or SPUBLISH on Redis Cluster
+	clock      func() time.Time
 
 	bg   context.Context // background work's context, cancelled by Close
 	stop context.CancelFunc
@@ -65,6 +66,10 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	c.err = c.cfg.validate()
 	if rdb == nil {
 		c.err = fmt.Errorf("%w: nil Redis client", ErrInvalid)
+	}
+	c.clock = c.cfg.clock
+	if c.clock == nil {
+		c.clock = time.Now
 	}
 	c.renew = newRenewer(c)
 	return c
@@ -219,3 +224,11 @@ func randomHex(n int) string {
 	_, _ = rand.Read(b) // crypto/rand.Read never fails on supported platforms (Go 1.24+)
 	return hex.EncodeToString(b)
 }
+
+// now reads the Client's clock (WithClock). Every lease deadline, renewal time and hand-off
+// batch is measured with it, as a difference between two readings.
+func (c *Client) now() time.Time { return c.clock() }
+
+func (c *Client) since(t time.Time) time.Duration { return c.now().Sub(t) }
+
+func (c *Client) until(t time.Time) time.Duration { return t.Sub(c.now()) }

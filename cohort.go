@@ -105,7 +105,7 @@ func (co *cohort) lock(ctx context.Context, m *Mutex, wait bool) (l *Lease, w *c
 		co.mu.Unlock()
 		return nil, nil, fmt.Errorf("%w: lock %q", err, m.name), false
 	}
-	if co.holder == m && co.h.isHeld() { // re-entry: same handle, same token
+	if co.holder == m && co.h.valid() { // re-entry: same handle, same token
 		l := newLease(m, co.h, co, co.leases[0].token)
 		co.leases = append(co.leases, l)
 		co.mu.Unlock()
@@ -182,7 +182,7 @@ func (co *cohort) giveUp(ctx context.Context, m *Mutex, w *cohortWaiter) (*Lease
 // canHandOffLocked reports whether the Client's hold may serve one more local holder.
 func (co *cohort) canHandOffLocked() bool {
 	return co.h != nil && !co.busy && co.next < co.h.token+cohortBlock &&
-		time.Since(co.since) < cohortBatchTime && co.h.isHeld()
+		co.c.since(co.since) < cohortBatchTime && co.h.valid()
 }
 
 // installLocked makes h the Client's hold for this lock. It reports false if h was lost
@@ -191,7 +191,7 @@ func (co *cohort) installLocked(h *hold, waited bool) bool {
 	if ended, _ := h.setOnEnd(func(err error) { co.holdEnded(h, err) }); ended {
 		return false
 	}
-	co.h, co.next, co.since, co.waited = h, h.token, time.Now(), waited
+	co.h, co.next, co.since, co.waited = h, h.token, co.c.now(), waited
 	return true
 }
 
@@ -279,8 +279,8 @@ func (co *cohort) unlock(ctx context.Context, l *Lease) error {
 		l.finish(nil, true)
 		return nil
 	}
-	if len(co.queue) == 0 && co.waited && co.canHandOffLocked() && time.Since(co.since) < cohortLingerBatch {
-		wait := min(cohortLinger, cohortLingerBatch-time.Since(co.since))
+	if len(co.queue) == 0 && co.waited && co.canHandOffLocked() && co.c.since(co.since) < cohortLingerBatch {
+		wait := min(cohortLinger, cohortLingerBatch-co.c.since(co.since))
 		co.linger = time.AfterFunc(wait, co.lingerOver)
 		co.mu.Unlock()
 		l.finish(nil, true)

@@ -37,4 +37,5 @@ var (
 	errDeadline       = errors.New("no successful renewal before the lease's safe deadline")
 	errRenewRefused   = errors.New("renewal refused: owner no longer holds the lock")
 	errFixedLeaseOver = errors.New("fixed lease TTL ran out")
+	errLateReply      = errors.New("the acquire's reply arrived after the lease's safe deadline")
 )

@@ -59,6 +59,26 @@ func (h *hold) setOnEnd(f func(err error)) (ended bool, err error) {
 	return false, nil
 }
 
+// valid reports whether the hold is held and its safe deadline has not passed: whether it may
+// be handed to a holder. The deadline timer ends a hold soon after the deadline, but not in the
+// same instant, and a reply that arrived after the deadline must not start a lease.
+func (h *hold) valid() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.state == holdHeld && (h.deadline.IsZero() || h.c.until(h.deadline) > 0)
+}
+
+// remaining returns how long the hold is certainly still held: 0 once ended or past its
+// safe deadline.
+func (h *hold) remaining() time.Duration {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.state != holdHeld || h.deadline.IsZero() {
+		return 0
+	}
+	return max(h.c.until(h.deadline), 0)
+}
+
 func (h *hold) isHeld() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -68,7 +88,7 @@ func (h *hold) isHeld() bool {
 // extend sets the lock's TTL to ttl if the owner still holds it. A refusal ends the hold as
 // lost and returns the loss.
 func (h *hold) extend(ctx context.Context, ttl time.Duration) error {
-	sent := time.Now()
+	sent := h.c.now()
 	n, err := scripts.Extend.Run(ctx, h.c.rdb, []string{h.keys.lock}, h.holdID, ttl.Milliseconds()).Int()
 	if err != nil {
 		return fmt.Errorf("dlock: extend %q: %w", h.name, err)
@@ -193,7 +213,7 @@ func (h *hold) resetTimerLocked() {
 	if !h.armAt.IsZero() && h.armAt.Before(next) {
 		next = h.armAt
 	}
-	d := time.Until(next)
+	d := h.c.until(next)
 	if h.timer == nil {
 		h.timer = time.AfterFunc(d, h.timerFired)
 	} else {
@@ -203,7 +223,7 @@ func (h *hold) resetTimerLocked() {
 
 func (h *hold) timerFired() {
 	h.mu.Lock()
-	now := time.Now()
+	now := h.c.now()
 	arm := !h.armAt.IsZero() && !now.Before(h.armAt)
 	if arm {
 		h.armAt = time.Time{}

@@ -71,6 +71,23 @@ func (l *Lease) Err() error {
 	return l.err
 }
 
+// Remaining returns how long the lease is certainly still held: its safe deadline (the send
+// time of the acquire or last renewal + TTL × (1 − drift)) minus now, or 0 once the lease has
+// ended or the deadline has passed. A holder about to start a write that must finish under
+// the lock checks that Remaining exceeds the write's duration; beyond that, fencing tokens
+// protect the resource.
+func (l *Lease) Remaining() time.Duration {
+	if l.Err() != nil {
+		return 0
+	}
+	select {
+	case <-l.done:
+		return 0
+	default:
+	}
+	return l.h.remaining()
+}
+
 // TTL returns the lease's current TTL: the one it was acquired with or last extended to.
 func (l *Lease) TTL() time.Duration {
 	l.h.mu.Lock()

@@ -384,7 +384,7 @@ func (n *notifier) watch(key string, l *hold) {
 	l.mu.Lock()
 	ended := l.state == holdEnded
 	if !ended {
-		l.armAt = time.Now().Add(trackDelay)
+		l.armAt = l.c.now().Add(trackDelay)
 		l.resetTimerLocked()
 	}
 	l.mu.Unlock()

@@ -47,9 +47,10 @@ type config struct {
 	prefix     *string // default: DefaultKeyPrefix
 	owner      string  // default: a random 128-bit id per Mutex handle
 	ownerSet   bool
-	drift      *float64 // default: DefaultDrift
-	fixedLease bool     // default: false (watchdog renewal on)
-	noCohort   bool     // default: false (cohorting on, unless WithOwner is given)
+	drift      *float64         // default: DefaultDrift
+	fixedLease bool             // default: false (watchdog renewal on)
+	noCohort   bool             // default: false (cohorting on, unless WithOwner is given)
+	clock      func() time.Time // default: time.Now (a Client option only)
 }
 
 // WithTTL sets the lease TTL. With renewal on (the default) the lease is renewed every TTL/3
@@ -81,6 +82,15 @@ func WithFixedLease() Option { return func(c *config) { c.fixedLease = true } }
 // its own instead of being handed the lock by the Client's other goroutines. Handles with
 // WithOwner never cohort, since their owner id must reach Redis.
 func WithoutCohort() Option { return func(c *config) { c.noCohort = true } }
+
+// WithClock makes the Client read the time from now instead of time.Now. It exists for tests
+// that inject clock faults. dlock only ever compares two readings of the clock (a deadline is
+// a reading plus a duration, checked against a later reading; timers wait for the difference),
+// so with readings that carry Go's monotonic clock, as time.Now's do, a step of the wall clock
+// (NTP, a manual date change) moves no deadline; a now whose readings lack it (Round(0),
+// time.Unix) makes dlock follow the wall clock, which is unsafe. A nil now means time.Now. It
+// is a Client option: given to Client.Mutex it has no effect.
+func WithClock(now func() time.Time) Option { return func(c *config) { c.clock = now } }
 
 func (c config) apply(opts []Option) config {
 	for _, o := range opts {

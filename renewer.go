@@ -87,9 +87,9 @@ func (r *renewer) run(ctx context.Context) {
 		r.mu.Lock()
 		wait := time.Hour
 		if len(r.h) > 0 {
-			wait = time.Until(r.h[0].renewAt)
+			wait = r.c.until(r.h[0].renewAt)
 		}
-		r.nextWake = time.Now().Add(wait)
+		r.nextWake = r.c.now().Add(wait)
 		r.mu.Unlock()
 		timer.Reset(wait)
 		select {
@@ -108,7 +108,7 @@ func (r *renewer) run(ctx context.Context) {
 func (r *renewer) popDue() []*hold {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	now := time.Now()
+	now := r.c.now()
 	var due []*hold
 	for len(r.h) > 0 && !r.h[0].renewAt.After(now) && len(due) < maxRenewBatch {
 		due = append(due, heap.Pop(&r.h).(*hold))
@@ -129,7 +129,7 @@ func (r *renewer) renewBatch(ctx context.Context, due []*hold) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	rdb := r.c.rdb
-	sent := time.Now()
+	sent := r.c.now()
 	pipe := rdb.Pipeline()
 	cmds := make([]*redis.Cmd, len(due))
 	for i, l := range due {
@@ -144,7 +144,7 @@ func (r *renewer) renewBatch(ctx context.Context, due []*hold) {
 		}
 		switch {
 		case err != nil:
-			r.requeue(l, time.Now().Add(min(ttls[i]/10, maxRenewRetry)), time.Time{}, 0)
+			r.requeue(l, r.c.now().Add(min(ttls[i]/10, maxRenewRetry)), time.Time{}, 0)
 		case n == 0:
 			l.lose(errRenewRefused)
 		default:
