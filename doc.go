@@ -22,7 +22,9 @@
 // A lock is a Redis hash {owner: holdCount} with a TTL. Acquire, release and extend are one
 // Lua script each, one round trip each. The same owner re-enters at once and must Unlock once
 // per Lock. Every fresh acquisition reserves a block of tokens from a per-lock counter:
-// fencing tokens strictly increase across all owners, processes and goroutines.
+// fencing tokens strictly increase across all owners, processes and goroutines. The counter
+// never falls behind the Redis server's clock in microseconds, so tokens keep increasing even
+// across a Redis restart that lost the counter (unless the server's clock steps back).
 //
 // Waiting is fair: goroutines of one Client queue locally and are handed the lock without a
 // Redis round trip in bounded batches (cohorting); processes wait in a FIFO kept in Redis,

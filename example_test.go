@@ -31,11 +31,11 @@ func Example() {
 	case <-l.Done(): // the lease was lost: stop working, someone else may hold the lock
 		fmt.Println("lost:", l.Err())
 	default:
-		fmt.Println("holding, token", l.Token())
+		fmt.Println("holding", l.Name()) // pass l.Token() to the resource you write
 	}
 	fmt.Println("unlock:", l.Unlock(ctx))
 	// Output:
-	// holding, token 1
+	// holding example:orders:42
 	// unlock: <nil>
 }
 
@@ -59,10 +59,10 @@ func Example_fencing() {
 	fmt.Println("stalled holder's write refused:", errors.Is(err, dlock.ErrStaleToken))
 
 	v, token, _ := dlock.FencedGet(ctx, rdb, "example:stock-count")
-	fmt.Println("stock:", v, "written with token", token)
+	fmt.Println("stock:", v, "written by the current holder:", token == current.Token() && token > stalled.Token())
 	_ = current.Unlock(ctx)
 	// Output:
 	// current holder writes: <nil>
 	// stalled holder's write refused: true
-	// stock: 41 written with token 65
+	// stock: 41 written by the current holder: true
 }

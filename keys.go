@@ -4,7 +4,7 @@ package dlock
 // script touches a single Redis Cluster slot.
 type keys struct {
 	lock    string // hash {owner: holdCount} with the lease TTL
-	fence   string // fencing counter, INCR'd on each fresh acquisition; never expires
+	fence   string // fencing counter, +64 per fresh hold and at least Redis' clock in µs; never expires
 	opLog   string // last acquire/release id per owner, so retried calls are not applied twice
 	queue   string // sorted set of waiting owners by arrival: first come first served
 	live    string // hash {waiting owner: liveness deadline}, so dead waiters are skipped

@@ -47,7 +47,8 @@ func newLease(m *Mutex, h *hold, co *cohort, token uint64) *Lease {
 
 // Token returns the lease's fencing token. Tokens of one lock strictly increase with every
 // acquisition, whoever the owner and whichever process; re-entrant holds share their outer
-// hold's token. Pass it to the protected resource so it can refuse writes from an older
+// hold's token. Tokens are large numbers (at least the Redis server's clock in microseconds,
+// so they survive a restart that lost the counter) and not consecutive. Pass it to the protected resource so it can refuse writes from an older
 // holder.
 func (l *Lease) Token() uint64 { return l.token }
 

@@ -256,3 +256,36 @@ func TestFixedLeaseEndsAtTTL(t *testing.T) {
 	}
 	_ = rdb
 }
+
+// A Redis restarted without persistence forgets the fence counter; tokens still increase,
+// since a fresh counter starts from the server's clock.
+func TestTokensIncreaseAcrossRestartWithoutPersistence(t *testing.T) {
+	ctx := ctxT(t)
+	srv := redistest.StartT(t, redistest.Config{})
+	rdb := srv.Client()
+	defer rdb.Close()
+	c := dlock.New(rdb, dlock.WithoutCohort())
+	defer c.Close(ctx)
+	m := c.Mutex(redistest.Name(t))
+	var last uint64
+	for i := range 3 {
+		l, err := m.Lock(ctx)
+		if err != nil {
+			t.Fatalf("round %d: %v", i, err)
+		}
+		if l.Token() <= last {
+			t.Fatalf("round %d: token %d after %d", i, l.Token(), last)
+		}
+		last = l.Token()
+		if err := l.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		srv.Kill()
+		if err := srv.Restart(); err != nil {
+			t.Fatal(err)
+		}
+		if n := rdb.DBSize(ctx).Val(); n != 0 {
+			t.Fatalf("restarted Redis kept %d keys; the test needs one without persistence", n)
+		}
+	}
+}

@@ -32,7 +32,7 @@
 local owner, mark = ARGV[1], '#' .. ARGV[3]
 
 local function fresh()
-  local v = redis.call('INCRBY', KEYS[2], BLOCK)
+  local v = reserve_block(KEYS[2])
   redis.call('HSET', KEYS[1], owner, 1, mark, 1)
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {1, v - BLOCK + 1, 1}

@@ -35,11 +35,26 @@ local function leave_queue(k_queue, k_live, who)
   redis.call('HDEL', k_live, who)
 end
 
+-- reserve_block reserves the next BLOCK fencing tokens and returns the last of them. Tokens are
+-- kept at least the server's clock in microseconds: a Redis restarted without persistence
+-- forgets the fence key, and the next block then starts from the clock instead of from 1, so
+-- tokens keep increasing across the restart (as long as the server's clock does not step back).
+local function reserve_block(k_fence)
+  local v = redis.call('INCRBY', k_fence, BLOCK)
+  local t = redis.call('TIME')
+  local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  if v < floor then
+    v = floor + BLOCK
+    redis.call('SET', k_fence, string.format('%d', v))
+  end
+  return v
+end
+
 -- grant gives the free lock to waiter head with the short TTL grace until it confirms by
 -- running acquire, and announces it as "g <head>" so that waiter alone wakes. It returns the
 -- token reserved for head, for the caller to record as g:<head> in the op log.
 local function grant(k_lock, k_fence, head, grace, channel, publish)
-  local v = redis.call('INCRBY', k_fence, BLOCK)
+  local v = reserve_block(k_fence)
   redis.call('HSET', k_lock, head, 1)
   redis.call('PEXPIRE', k_lock, grace)
   redis.call(publish, channel, 'g ' .. head)
