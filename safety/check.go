@@ -1,38 +1,34 @@
 package main
 
 import (
-	"bufio"
-	"encoding/json"
-	"os"
 	"sort"
+	"time"
 )
 
 // verdict is what the checker finds in one scenario's histories.
 type verdict struct {
-	Ops           int `json:"ops"`
-	Acquisitions  int `json:"acquisitions"`
-	Unknown       int `json:"unknown"`        // operations whose outcome is unknown (lost replies)
-	Overlaps      int `json:"overlaps"`       // two clients' validity windows overlapping
-	StaleAccepted int `json:"stale_accepted"` // a write accepted after a higher token's write
-	Increments    int `json:"increments"`     // successful read-modify-writes (lockset)
-	LostUpdates   int `json:"lost_updates"`   // increments minus the final counter (lockset)
-}
-
-func readHistory(path string) ([]op, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	var ops []op
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		var o op
-		if err := json.Unmarshal(sc.Bytes(), &o); err == nil {
-			ops = append(ops, o)
-		}
-	}
-	return ops, sc.Err()
+	Ops          int `json:"ops"`
+	Acquisitions int `json:"acquisitions"`
+	Unknown      int `json:"unknown"`  // operations whose outcome is unknown (lost replies)
+	Overlaps     int `json:"overlaps"` // two clients' validity windows overlapping
+	// StaleAccepted counts writes the fenced register accepted after a higher token's write:
+	// a write that started after a higher-token write returned, or a read that returned a
+	// lower token than a write that had returned before the read started.
+	StaleAccepted int `json:"stale_accepted"`
+	Increments    int `json:"increments"`   // successful read-modify-writes (lockset)
+	LostUpdates   int `json:"lost_updates"` // increments minus the final counters (lockset)
+	// ForeignReleases counts releases and extends that succeeded although another client had
+	// acquired the lock since the releaser's own acquire returned.
+	ForeignReleases int `json:"foreign_releases"`
+	// ExpiredHandedOut counts acquires that returned a lease whose validity window had
+	// already ended (no time left by the library's account, or, for a single attempt, a
+	// return after call + TTL × (1 − drift)).
+	ExpiredHandedOut int `json:"expired_handed_out"`
+	// Porcupine is the linearizability check's result: "ok", "illegal" or "unknown" (it
+	// timed out); PorcupineUnknown counts locks whose check timed out.
+	Porcupine        string `json:"porcupine"`
+	PorcupineUnknown int    `json:"porcupine_unknown"`
+	PorcupineHTML    string `json:"porcupine_html,omitempty"`
 }
 
 type window struct {
@@ -40,75 +36,120 @@ type window struct {
 	start, end int64
 }
 
+type clientToken struct {
+	client int
+	token  uint64
+}
+
 // check merges the clients' histories (CLOCK_MONOTONIC is shared by all processes) and counts
-// what breaks the lock's guarantees. finalCounter is the lockset counter at the end (-1 when
-// the workload is not lockset).
-func check(ops []op, finalCounter int64) verdict {
+// what breaks the lock's guarantees. finals holds each lockset counter at the end (nil for
+// the fenced workload); single says every acquire was one attempt (TryLock).
+func check(ops []op, finals map[int]int64, ttl time.Duration, single bool) verdict {
 	var v verdict
 	v.Ops = len(ops)
-	var windows []window
-	type write struct {
-		call, ret int64
-		token     uint64
-	}
-	var writes []write
-	// Each client records an acquire followed by its release.
-	pending := map[int]op{}
+	byLock := map[int][]op{}
 	for _, o := range ops {
 		if o.Result == "unknown" {
 			v.Unknown++
 		}
-		switch o.Kind {
-		case "acquire":
+		if o.Kind == "incr" && o.Result == "ok" {
+			v.Increments++
+		}
+		byLock[o.Lock] = append(byLock[o.Lock], o)
+	}
+	for _, lops := range byLock {
+		checkLock(lops, ttl, single, &v)
+	}
+	if finals != nil {
+		total := 0
+		for _, c := range finals {
+			total += int(c)
+		}
+		v.LostUpdates = v.Increments - total
+	}
+	return v
+}
+
+func checkLock(ops []op, ttl time.Duration, single bool, v *verdict) {
+	releaseCall := map[clientToken]int64{}
+	var acquires, writes, reads, releases []op
+	for _, o := range ops {
+		switch {
+		case o.Kind == "acquire" && o.Result == "ok":
+			acquires = append(acquires, o)
+		case o.Kind == "release":
+			releaseCall[clientToken{o.Client, o.Token}] = o.Call
 			if o.Result == "ok" {
-				v.Acquisitions++
-				pending[o.Client] = o
+				releases = append(releases, o)
 			}
-		case "release":
-			if a, ok := pending[o.Client]; ok {
-				end := a.Until // the safe deadline the client computed
-				if o.Call < end {
-					end = o.Call // released earlier
-				}
-				windows = append(windows, window{o.Client, a.Return, end})
-				delete(pending, o.Client)
-			}
-		case "write":
-			if o.Result == "ok" {
-				writes = append(writes, write{o.Call, o.Return, o.Token})
-			}
-		case "incr":
-			if o.Result == "ok" {
-				v.Increments++
-			}
+		case o.Kind == "extend" && o.Result == "ok":
+			releases = append(releases, o)
+		case o.Kind == "write" && o.Result == "ok":
+			writes = append(writes, o)
+		case o.Kind == "read" && o.Result == "ok":
+			reads = append(reads, o)
+		}
+	}
+	v.Acquisitions += len(acquires)
+
+	// Validity windows: from the acquire's return to the end the client last knew, cut short
+	// by its release.
+	var windows []window
+	acqReturn := map[clientToken]int64{}
+	for _, a := range acquires {
+		acqReturn[clientToken{a.Client, a.Token}] = a.Return
+		if a.Until <= a.Return || (single && a.Return > a.Call+int64(float64(ttl)*(1-drift))) {
+			v.ExpiredHandedOut++
+		}
+		end := a.Until
+		if rc, ok := releaseCall[clientToken{a.Client, a.Token}]; ok && rc < end {
+			end = rc
+		}
+		if end > a.Return {
+			windows = append(windows, window{a.Client, a.Return, end})
 		}
 	}
 	sort.Slice(windows, func(i, j int) bool { return windows[i].start < windows[j].start })
 	for i, w := range windows {
-		for j := i - 1; j >= 0 && j >= i-64; j-- {
+		for j := i - 1; j >= 0 && j >= i-256; j-- {
 			if p := windows[j]; p.client != w.client && p.end > w.start {
 				v.Overlaps++
 				break
 			}
 		}
 	}
-	// A fenced resource must never accept a write after it accepted one with a higher token.
-	sort.Slice(writes, func(i, j int) bool { return writes[i].call < writes[j].call })
-	byRet := append([]write(nil), writes...)
-	sort.Slice(byRet, func(i, j int) bool { return byRet[i].ret < byRet[j].ret })
+
+	// A release or extend by A succeeding after B acquired since A's acquire returned.
+	sort.Slice(acquires, func(i, j int) bool { return acquires[i].Call < acquires[j].Call })
+	for _, r := range releases {
+		ra, ok := acqReturn[clientToken{r.Client, r.Token}]
+		if !ok {
+			continue
+		}
+		k := sort.Search(len(acquires), func(i int) bool { return acquires[i].Call > ra })
+		for ; k < len(acquires) && acquires[k].Call < r.Call; k++ {
+			if b := acquires[k]; b.Client != r.Client && b.Return < r.Call {
+				v.ForeignReleases++
+				break
+			}
+		}
+	}
+
+	// The fenced register's highest token never goes down: no accepted write and no read
+	// may come after a higher token's write returned.
+	byRet := append([]op(nil), writes...)
+	sort.Slice(byRet, func(i, j int) bool { return byRet[i].Return < byRet[j].Return })
+	later := append(append([]op(nil), writes...), reads...)
+	sort.Slice(later, func(i, j int) bool { return later[i].Call < later[j].Call })
 	var maxTok uint64
 	k := 0
-	for _, w := range writes {
-		for k < len(byRet) && byRet[k].ret < w.call {
-			maxTok = max(maxTok, byRet[k].token)
+	for _, o := range later {
+		for k < len(byRet) && byRet[k].Return < o.Call {
+			maxTok = max(maxTok, byRet[k].Token)
 			k++
 		}
-		if w.token < maxTok {
+		if o.Token < maxTok {
 			v.StaleAccepted++
 		}
 	}
-	if finalCounter >= 0 {
-		v.LostUpdates = v.Increments - int(finalCounter)
-	}
-	return v
 }

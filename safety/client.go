@@ -1,50 +1,62 @@
 package main
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"os"
+	"os/signal"
+	"syscall"
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/clocktest"
 	"github.com/redis/go-redis/v9"
 )
 
 // clientSpec tells a client process what to do; the driver passes it as JSON.
 type clientSpec struct {
-	ID        int           `json:"id"`
-	LockURL   string        `json:"lock_url"`
-	ResURL    string        `json:"res_url"`
-	Workload  string        `json:"workload"` // "fenced" or "lockset"
-	Weak      bool          `json:"weak"`     // the positive control: SET NX + plain DEL, no fencing
+	ID       int    `json:"id"`
+	LockURL  string `json:"lock_url"`
+	ResURL   string `json:"res_url"`
+	Workload string `json:"workload"` // "fenced" or "lockset"
+	// Weak names the weakened client of a positive control: "nodel" (SET NX PX, plain DEL,
+	// no owner check), "nofence" (dlock's lock, resource writes without the token check) or
+	// "wallclock" (dlock reading a clock without monotonic readings). "" is dlock as shipped.
+	Weak      string        `json:"weak,omitempty"`
 	TTL       time.Duration `json:"ttl"`
 	Work      time.Duration `json:"work"` // time inside the critical section
 	Until     int64         `json:"until"`
-	Name      string        `json:"name"`
+	Locks     int           `json:"locks"`
 	HistPath  string        `json:"hist"`
 	Drift     float64       `json:"drift"`
 	OpTimeout time.Duration `json:"op_timeout"`
+	Renew     bool          `json:"renew,omitempty"`  // watchdog renewal instead of a fixed lease
+	Try       bool          `json:"try,omitempty"`    // TryLock in a loop instead of Lock
+	Extend    bool          `json:"extend,omitempty"` // call Lease.Extend in the critical section
+	Clock     bool          `json:"clock,omitempty"`  // a clock whose wall reading jumps on SIGUSR1/2
 }
 
-const drift = 0.01
+// writeMargin is how much of its validity window a holder wants left beyond a step of work.
+const writeMargin = 20 * time.Millisecond
 
-// writeMargin is how much of its validity window a holder wants left to start a write.
-const writeMargin = 50 * time.Millisecond
+// worker is one client process's state.
+type worker struct {
+	spec clientSpec
+	r    *recorder
+	rdb  *redis.Client // the lock's Redis (possibly through a proxy)
+	res  *redis.Client // the protected resource's Redis
+	c    *dlock.Client
+}
 
-// runClient loops acquire → work → release until spec.Until, recording every operation.
+// runClient loops acquire → work → release on random locks until spec.Until, recording every
+// operation.
 func runClient(spec clientSpec) error {
-	f, err := os.Create(spec.HistPath)
+	r, err := newRecorder(spec.HistPath, spec.ID)
 	if err != nil {
 		return err
 	}
-	defer f.Close()
-	w := bufio.NewWriter(f)
-	defer w.Flush()
-	enc := json.NewEncoder(w)
-	rec := func(o op) { o.Client = spec.ID; _ = enc.Encode(o) }
-
 	lockOpt, err := redis.ParseURL(spec.LockURL)
 	if err != nil {
 		return err
@@ -54,111 +66,205 @@ func runClient(spec clientSpec) error {
 	if err != nil {
 		return err
 	}
+	resOpt.MaxRetries = -1
 	redis.SetLogger(quietLogger{}) // dial failures while Redis is down are expected here
-	rdb, res := redis.NewClient(lockOpt), redis.NewClient(resOpt)
-	defer rdb.Close()
-	defer res.Close()
-	c := dlock.New(rdb, dlock.WithTTL(spec.TTL), dlock.WithFixedLease(), dlock.WithDrift(spec.Drift), dlock.WithoutCohort())
-	defer c.Close(context.Background())
-	m := c.Mutex(spec.Name)
-	weakKey := "weak:{" + spec.Name + "}"
-	var token uint64
+	w := &worker{spec: spec, r: r, rdb: redis.NewClient(lockOpt), res: redis.NewClient(resOpt)}
+	defer w.rdb.Close()
+	defer w.res.Close()
+
+	opts := []dlock.Option{dlock.WithTTL(spec.TTL), dlock.WithDrift(spec.Drift), dlock.WithoutCohort()}
+	if !spec.Renew {
+		opts = append(opts, dlock.WithFixedLease())
+	}
+	if spec.Clock {
+		if err := clocktest.Check(); err != nil {
+			return err
+		}
+		clk := &clocktest.Clock{NoMonotonic: spec.Weak == "wallclock"}
+		opts = append(opts, dlock.WithClock(clk.Now))
+		jumps := make(chan os.Signal, 16)
+		signal.Notify(jumps, syscall.SIGUSR1, syscall.SIGUSR2)
+		go func() {
+			for s := range jumps {
+				if s == syscall.SIGUSR1 {
+					clk.Jump(time.Hour)
+				} else {
+					clk.Jump(-time.Hour)
+				}
+			}
+		}()
+	}
+	w.c = dlock.New(w.rdb, opts...)
+	defer w.c.Close(context.Background())
 
 	for mono() < spec.Until {
-		ctx, cancel := context.WithTimeout(context.Background(), spec.OpTimeout)
+		w.round(rand.IntN(spec.Locks))
+	}
+	return r.close()
+}
+
+// held is what a client knows of the lock it holds.
+type held struct {
+	lock  int
+	lease *dlock.Lease // nil for the "nodel" control
+	acq   op
+}
+
+// deadline returns the end of the validity window as the client knows it now, recording it in
+// the acquire op, or 0 if the lease has ended.
+func (h *held) deadline(ttl time.Duration, drift float64) int64 {
+	now := mono()
+	if h.lease == nil {
+		return h.acq.Call + int64(float64(ttl)*(1-drift))
+	}
+	select {
+	case <-h.lease.Done():
+		return 0
+	default:
+	}
+	rem := h.lease.Remaining()
+	if rem <= 0 {
+		return 0
+	}
+	h.acq.Until = max(h.acq.Until, now+int64(rem))
+	return now + int64(rem)
+}
+
+// round takes lock i, works on its resource and releases it.
+func (w *worker) round(i int) {
+	s := w.spec
+	ctx, cancel := context.WithTimeout(context.Background(), s.OpTimeout)
+	defer cancel()
+	h := w.acquire(ctx, i)
+	if h == nil {
+		return
+	}
+	// Tell the nemesis who is inside the critical section, so pauses hit holders.
+	_ = w.res.Set(ctx, fmt.Sprintf("holder:%d", i), s.ID, 0).Err()
+	w.critical(ctx, h)
+	w.release(ctx, h)
+	w.r.rec(h.acq)
+}
+
+func (w *worker) acquire(ctx context.Context, i int) *held {
+	s := w.spec
+	name := fmt.Sprintf("safety-%d", i)
+	if s.Weak == "nodel" {
+		call := mono()
+		key := "weak:{" + name + "}"
+		ok, err := w.rdb.SetNX(ctx, key, s.ID, s.TTL).Result()
+		if err != nil || !ok {
+			w.r.rec(op{Lock: i, Kind: "acquire", Call: call, Return: mono(), Result: failOr(err)})
+			time.Sleep(time.Millisecond)
+			return nil
+		}
+		tok, err := w.rdb.Incr(ctx, key+":token").Uint64()
+		if err != nil {
+			return nil // held without a token: the key expires within its TTL
+		}
+		h := &held{lock: i, acq: op{Lock: i, Kind: "acquire", Call: call, Return: mono(), Token: tok, Result: "ok"}}
+		h.acq.Until = h.deadline(s.TTL, s.Drift)
+		return h
+	}
+	m := w.c.Mutex(name)
+	for {
 		call := mono()
 		var l *dlock.Lease
-		var done <-chan struct{}
-		if spec.Weak {
-			ok, err := rdb.SetNX(ctx, weakKey, spec.ID, spec.TTL).Result()
-			if err != nil || !ok {
-				cancel()
-				rec(op{Kind: "acquire", Call: call, Return: mono(), Result: outcomeOf(err, "fail")})
-				time.Sleep(time.Millisecond)
-				if err != nil {
-					time.Sleep(10 * time.Millisecond) // Redis down: do not spin
-				}
-				continue
-			}
-			// Tokens it hands out but nothing checks: what "fencing disabled" means.
-			t, err := rdb.Incr(ctx, weakKey+":token").Uint64()
-			if err != nil {
-				cancel()
-				continue
-			}
-			token = t
+		var err error
+		if s.Try {
+			l, err = m.TryLock(ctx)
 		} else {
-			var err error
 			l, err = m.Lock(ctx)
-			if err != nil {
-				cancel()
-				rec(op{Kind: "acquire", Call: call, Return: mono(), Result: outcomeOf(err, "fail")})
-				time.Sleep(10 * time.Millisecond) // Redis down: do not spin on "connection refused"
-				continue
-			}
-			token, done = l.Token(), l.Done()
 		}
 		ret := mono()
-		until := call + int64(float64(spec.TTL)*(1-spec.Drift))
-		// Tell the nemesis who is inside the critical section, so pauses hit holders.
-		_ = res.Set(ctx, "holder", spec.ID, 0).Err()
-		acq := op{Kind: "acquire", Call: call, Return: ret, Token: token, Result: "ok", Until: until}
-
-		// The critical section. A correct holder stops as soon as its lease ends (Done) and
-		// does not start a write it cannot finish well inside its validity window.
-		ended := func() bool {
-			if done == nil {
-				return false
+		if err != nil {
+			if s.Try && errors.Is(err, dlock.ErrNotObtained) && ctx.Err() == nil {
+				time.Sleep(time.Millisecond)
+				continue
 			}
-			select {
-			case <-done:
-				return true
-			default:
-				return mono()+int64(writeMargin) > until
-			}
+			w.r.rec(op{Lock: i, Kind: "acquire", Call: call, Return: ret, Result: outcomeOf(err, "fail")})
+			time.Sleep(10 * time.Millisecond) // Redis down: do not spin on "connection refused"
+			return nil
 		}
-		switch spec.Workload {
-		case "fenced":
-			time.Sleep(spec.Work)
-			if !ended() {
-				wc := mono()
-				var err error
-				if spec.Weak {
-					err = res.HSet(ctx, "reg", "v", spec.ID, "t", 0).Err()
-				} else {
-					err = dlock.FencedSet(ctx, res, "reg", spec.ID, token)
-				}
-				rec(op{Kind: "write", Call: wc, Return: mono(), Token: token, Result: outcomeOf(err, "fail")})
-			}
-		case "lockset":
-			rc := mono()
-			v, err := res.Get(ctx, "counter").Int64()
-			if err != nil && !errors.Is(err, redis.Nil) {
-				rec(op{Kind: "incr", Call: rc, Return: mono(), Token: token, Result: "fail"})
-				break
-			}
-			time.Sleep(spec.Work)
-			if !ended() {
-				err = res.Set(ctx, "counter", v+1, 0).Err()
-				rec(op{Kind: "incr", Call: rc, Return: mono(), Token: token, Result: outcomeOf(err, "fail"), Value: v})
-			}
-		}
-		if done != nil && ended() {
-			acq.Lost = mono()
-		}
-		rc := mono()
-		var err error
-		if spec.Weak {
-			err = rdb.Del(ctx, weakKey).Err() // the unsafe unlock: deletes whoever holds it
-		} else {
-			err = l.Unlock(ctx)
-		}
-		cancel()
-		rel := op{Kind: "release", Call: rc, Return: mono(), Token: token, Result: outcomeOf(err, "fail")}
-		rec(acq)
-		rec(rel)
+		h := &held{lock: i, lease: l, acq: op{Lock: i, Kind: "acquire", Call: call, Return: ret, Token: l.Token(), Result: "ok"}}
+		h.deadline(s.TTL, s.Drift)
+		return h
 	}
-	return nil
+}
+
+// critical reads the resource, works in steps while the lease has time left for the next
+// step, and writes. A pause during the last step is the classic hazard: the write goes out
+// after the lease ended, and only fencing can refuse it.
+func (w *worker) critical(ctx context.Context, h *held) {
+	s := w.spec
+	i := h.lock
+	tok := h.acq.Token
+	reg, counter := fmt.Sprintf("reg:%d", i), fmt.Sprintf("counter:%d", i)
+	var v int64
+	rc := mono()
+	switch s.Workload {
+	case "fenced":
+		_, t, err := dlock.FencedGet(ctx, w.res, reg)
+		w.r.rec(op{Lock: i, Kind: "read", Call: rc, Return: mono(), Token: t, Result: outcomeOf(err, "fail")})
+		if err != nil {
+			return
+		}
+	case "lockset":
+		var err error
+		v, err = w.res.Get(ctx, counter).Int64()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			w.r.rec(op{Lock: i, Kind: "incr", Call: rc, Return: mono(), Token: tok, Result: "fail"})
+			return
+		}
+	}
+	step := min(s.Work, s.TTL/4)
+	extended := false
+	for done := time.Duration(0); done < s.Work; done += step {
+		if dl := h.deadline(s.TTL, s.Drift); dl == 0 || dl-mono() < int64(step+writeMargin) {
+			return // not enough of the lease left: a correct holder stops here
+		}
+		time.Sleep(step)
+		if s.Extend && h.lease != nil && !extended && done+step >= s.Work/2 {
+			extended = true
+			ec := mono()
+			err := h.lease.Extend(ctx, s.TTL)
+			w.r.rec(op{Lock: i, Kind: "extend", Call: ec, Return: mono(), Token: tok, Result: outcomeOf(err, "fail")})
+		}
+	}
+	wc := mono()
+	switch s.Workload {
+	case "fenced":
+		var err error
+		if s.Weak == "nofence" || s.Weak == "nodel" {
+			err = w.res.HSet(ctx, reg, "v", s.ID, "t", tok).Err()
+		} else {
+			err = dlock.FencedSet(ctx, w.res, reg, s.ID, tok)
+		}
+		w.r.rec(op{Lock: i, Kind: "write", Call: wc, Return: mono(), Token: tok, Result: outcomeOf(err, "fail")})
+	case "lockset":
+		err := w.res.Set(ctx, counter, v+1, 0).Err()
+		w.r.rec(op{Lock: i, Kind: "incr", Call: rc, Return: mono(), Token: tok, Result: outcomeOf(err, "fail"), Value: v})
+	}
+}
+
+func (w *worker) release(ctx context.Context, h *held) {
+	rc := mono()
+	var err error
+	if h.lease == nil {
+		err = w.rdb.Del(ctx, fmt.Sprintf("weak:{safety-%d}", h.lock)).Err() // deletes whoever holds it
+	} else {
+		h.deadline(w.spec.TTL, w.spec.Drift)
+		err = h.lease.Unlock(ctx)
+	}
+	w.r.rec(op{Lock: h.lock, Kind: "release", Call: rc, Return: mono(), Token: h.acq.Token, Result: outcomeOf(err, "fail")})
+}
+
+// failOr is "fail" for a refusal (err nil) and the outcome of err otherwise.
+func failOr(err error) string {
+	if err == nil {
+		return "fail"
+	}
+	return outcomeOf(err, "fail")
 }
 
 // outcomeOf classifies an error: nil is ok; a reply from Redis or a refusal is fail; anything
@@ -167,7 +273,8 @@ func outcomeOf(err error, refused string) string {
 	switch {
 	case err == nil:
 		return "ok"
-	case errors.Is(err, dlock.ErrNotObtained), errors.Is(err, dlock.ErrNotHeld), errors.Is(err, dlock.ErrStaleToken):
+	case errors.Is(err, dlock.ErrNotObtained), errors.Is(err, dlock.ErrNotHeld), errors.Is(err, dlock.ErrStaleToken),
+		errors.Is(err, dlock.ErrLeaseLost):
 		return refused
 	}
 	var rerr redis.Error

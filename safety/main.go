@@ -1,10 +1,14 @@
-// Command safety is dlock's fault-injection suite: client processes take a lock in a loop and
-// work on a protected resource in a second Redis, while a nemesis pauses clients, pauses Redis
-// or kills and restarts it; the merged histories are then checked for what the lock
-// guarantees (no two validity windows overlap; a fenced resource never accepts a stale write;
-// no lost updates when no fault can break a TTL lock) and for the documented limits, which are
-// reported as expected figures. Weakened clients (SET NX + plain DEL, no fencing) are the
-// positive controls: if they show no violation, the harness is not sensitive enough.
+// Command safety is dlock's fault-injection suite: client processes take locks in a loop and
+// work on a protected resource in a second Redis, while a nemesis pauses clients, delays,
+// cuts or resets their connections (toxiproxy, in this process), slows their writes, pauses,
+// kills and restarts Redis, or steps the clients' wall clocks. The merged histories are then
+// checked: porcupine checks each lock's history for linearizability against a lease-aware,
+// owner-aware fenced mutex model, and counters measure overlapping validity windows, stale
+// writes accepted, lost updates, releases of another owner's lock and leases handed out
+// already expired. What dlock guarantees counts as violations; the documented limits are
+// reported as expected figures. Weakened clients (SET NX + plain DEL; writes without the
+// token check; a clock without monotonic readings) are the positive controls: if one shows no
+// violation, the harness is not sensitive enough and the run fails.
 //
 //	cd safety && go run .            # full run, writes ../docs/SAFETY.md
 //	SAFETY_QUICK=1 go run .          # under a minute
@@ -23,6 +27,7 @@ func main() {
 	client := flag.String("client", "", "run as a client process with this JSON spec (internal)")
 	out := flag.String("out", "", "write SAFETY.md and safety.jsonl into this directory")
 	only := flag.String("only", "", "run only scenarios whose name contains this")
+	html := flag.String("html", "out", "write porcupine's visualisation of an illegal history into this directory")
 	flag.Parse()
 	if *client != "" {
 		var spec clientSpec
@@ -37,7 +42,11 @@ func main() {
 		return
 	}
 	quick := os.Getenv("SAFETY_QUICK") != ""
-	results, err := runAll(quick, *only)
+	if err := os.MkdirAll(*html, 0o755); err != nil {
+		fmt.Fprintln(os.Stderr, "safety:", err)
+		os.Exit(1)
+	}
+	results, err := runAll(quick, *only, *html)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "safety:", err)
 		os.Exit(1)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,12 +15,19 @@ import (
 	"github.com/dlock-go/dlock/internal/redisserver"
 )
 
+// drift is the clients' WithDrift: a lease's validity window is TTL × (1 − drift).
+const drift = 0.01
+
 // A scenario is one workload under one fault.
 type scenario struct {
 	Name     string `json:"name"`
 	Workload string `json:"workload"` // "fenced" or "lockset"
-	Fault    string `json:"fault"`    // "", "F1", "F5", "F6-restart", "F6-aof", "F6-delayed"
-	Weak     bool   `json:"control"`  // a positive control: the weakened client
+	Fault    string `json:"fault"`    // "", "F1", "F2", "F3", "F4", "F5", "F6-restart", "F6-aof", "F6-delayed", "F9"
+	Weak     string `json:"control,omitempty"`
+	Renew    bool   `json:"renew,omitempty"`  // leases renewed by the watchdog, work longer than the TTL
+	Try      bool   `json:"try,omitempty"`    // TryLock attempts
+	Extend   bool   `json:"extend,omitempty"` // Lease.Extend in the critical section
+	Long     bool   `json:"long,omitempty"`   // runs longer in the full run (F1's size target)
 	// Guarantee lists what dlock promises here (a count above 0 is a violation); Expected
 	// lists the documented limits, measured and reported beside them.
 	Guarantee []string `json:"guarantee"`
@@ -29,27 +35,54 @@ type scenario struct {
 	About     string   `json:"about"`
 }
 
+// all is every kind of violation the checker counts.
+var all = []string{"overlaps", "stale", "lost", "foreign", "expired", "illegal"}
+
+func except(drop ...string) []string {
+	var out []string
+next:
+	for _, k := range all {
+		for _, d := range drop {
+			if k == d {
+				continue next
+			}
+		}
+		out = append(out, k)
+	}
+	return out
+}
+
 var scenarios = []scenario{
-	{Name: "baseline-lockset", Workload: "lockset", Guarantee: []string{"overlaps", "lost"},
+	{Name: "baseline-lockset", Workload: "lockset", Guarantee: all,
 		About: "no fault: the lock alone keeps read-modify-write exact"},
-	{Name: "baseline-fenced", Workload: "fenced", Guarantee: []string{"overlaps", "stale"},
-		About: "no fault, fenced register"},
-	{Name: "F1-fenced", Workload: "fenced", Fault: "F1", Guarantee: []string{"overlaps", "stale"},
-		About: "clients paused (SIGSTOP) 0.5-3 x TTL, often inside the critical section; the register refuses stale tokens"},
-	{Name: "F1-lockset", Workload: "lockset", Fault: "F1", Guarantee: []string{"overlaps"}, Expected: []string{"lost"},
-		About: "the same pauses on an unfenced read-modify-write: the reason fencing exists"},
-	{Name: "F5-lockset", Workload: "lockset", Fault: "F5", Guarantee: []string{"overlaps", "lost"},
-		About: "Redis paused (SIGSTOP) for 1.5 x TTL"},
-	{Name: "F6-restart", Workload: "lockset", Fault: "F6-restart", Expected: []string{"overlaps", "lost"},
-		About: "Redis killed and restarted at once without persistence: a lock can be granted twice (documented)"},
-	{Name: "F6-aof", Workload: "lockset", Fault: "F6-aof", Guarantee: []string{"overlaps", "lost"},
-		About: "Redis killed and restarted with appendfsync always"},
-	{Name: "F6-delayed", Workload: "lockset", Fault: "F6-delayed", Guarantee: []string{"overlaps", "lost"},
+	{Name: "baseline-fenced", Workload: "fenced", Guarantee: all, About: "no fault, fenced register"},
+	{Name: "F1-fenced", Workload: "fenced", Fault: "F1", Long: true, Guarantee: all,
+		About: "holders paused (SIGSTOP) for 0.5-3 x TTL, often between their last check and their write; the register refuses the stale tokens"},
+	{Name: "F1-lockset", Workload: "lockset", Fault: "F1", Long: true, Guarantee: except("lost"), Expected: []string{"lost"},
+		About: "the same pauses on an unfenced read-modify-write: the lost updates are the reason fencing exists"},
+	{Name: "F2-fenced", Workload: "fenced", Fault: "F2", Try: true, Guarantee: all,
+		About: "every reply from the lock's Redis delayed 1.2 x TTL (toxiproxy latency) for 2 x TTL at a time, TryLock attempts: no lease may be handed out already expired"},
+	{Name: "F3-fenced", Workload: "fenced", Fault: "F3", Guarantee: all,
+		About: "a holder's writes to the resource delayed 0.5-3 x TTL (toxiproxy latency on its link): they arrive after its lease ended"},
+	{Name: "F4-fenced", Workload: "fenced", Fault: "F4", Renew: true, Extend: true, Guarantee: all,
+		About: "client-Redis partitions for 1.5 x TTL (toxiproxy timeout) and connection resets (reset_peer), renewed leases and explicit Extend calls: no release or extend of another owner's lock"},
+	{Name: "F5-lockset", Workload: "lockset", Fault: "F5", Guarantee: all, About: "Redis paused (SIGSTOP) for 1.5 x TTL"},
+	{Name: "F6-restart", Workload: "lockset", Fault: "F6-restart", Guarantee: []string{"stale", "foreign", "expired"},
+		Expected: []string{"overlaps", "lost", "illegal"},
+		About:    "Redis killed and restarted at once without persistence: it forgets its locks, so a lock can be granted twice (documented)"},
+	{Name: "F6-aof", Workload: "lockset", Fault: "F6-aof", Guarantee: all, About: "Redis killed and restarted with appendfsync always"},
+	{Name: "F6-delayed", Workload: "lockset", Fault: "F6-delayed", Guarantee: all,
 		About: "Redis killed and restarted after 2 x TTL, without persistence"},
-	{Name: "control-F1-lockset", Workload: "lockset", Fault: "F1", Weak: true,
+	{Name: "F9-lockset", Workload: "lockset", Fault: "F9", Renew: true, Guarantee: all,
+		About: "every client's wall clock steps an hour forward or back every TTL/2 (injected with WithClock), renewed leases held for 1.5 x TTL: no effect"},
+	{Name: "control-F1-lockset", Workload: "lockset", Fault: "F1", Weak: "nodel",
 		About: "control: SET NX PX + plain DEL, no owner check"},
-	{Name: "control-F1-fenced", Workload: "fenced", Fault: "F1", Weak: true,
-		About: "control: fencing disabled (tokens handed out, never checked)"},
+	{Name: "control-F1-fenced", Workload: "fenced", Fault: "F1", Weak: "nofence",
+		About: "control: dlock's lock, register writes without the token check"},
+	{Name: "control-F3-fenced", Workload: "fenced", Fault: "F3", Weak: "nofence",
+		About: "control: slow writes without the token check"},
+	{Name: "control-F9-lockset", Workload: "lockset", Fault: "F9", Weak: "wallclock", Renew: true,
+		About: "control: dlock given a clock without monotonic readings, so it follows the wall clock's steps"},
 }
 
 // result is one scenario's outcome.
@@ -61,16 +94,27 @@ type result struct {
 	Seconds  float64  `json:"seconds"`
 	TTLms    int64    `json:"ttl_ms"`
 	Clients  int      `json:"clients"`
+	Locks    int      `json:"locks"`
+	Seed     int64    `json:"seed"`
 }
 
 func (r result) count(what string) int {
+	v := r.Verdict
 	switch what {
 	case "overlaps":
-		return r.Verdict.Overlaps
+		return v.Overlaps
 	case "stale":
-		return r.Verdict.StaleAccepted
+		return v.StaleAccepted
 	case "lost":
-		return r.Verdict.LostUpdates
+		return v.LostUpdates
+	case "foreign":
+		return v.ForeignReleases
+	case "expired":
+		return v.ExpiredHandedOut
+	case "illegal":
+		if v.Porcupine == "illegal" {
+			return 1
+		}
 	}
 	return 0
 }
@@ -86,20 +130,29 @@ func (r result) Violations() int {
 
 // Caught reports whether a control run showed the harness can see a broken lock.
 func (r result) Caught() bool {
-	return r.Verdict.Overlaps+r.Verdict.StaleAccepted+r.Verdict.LostUpdates > 0
+	for _, k := range all {
+		if r.count(k) > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 type params struct {
-	dur     time.Duration
-	ttl     time.Duration
-	work    time.Duration
-	clients int
+	dur, longDur time.Duration
+	ttl, work    time.Duration
+	clients      int
+	locks        int
+	checkTimeout time.Duration
+	htmlDir      string
 }
 
-func runAll(quick bool, only string) ([]result, error) {
-	p := params{dur: 60 * time.Second, ttl: 500 * time.Millisecond, work: 20 * time.Millisecond, clients: 5}
+func runAll(quick bool, only, htmlDir string) ([]result, error) {
+	p := params{dur: 60 * time.Second, longDur: 150 * time.Second, ttl: 250 * time.Millisecond, work: 5 * time.Millisecond,
+		clients: 8, locks: 4, checkTimeout: 2 * time.Minute, htmlDir: htmlDir}
 	if quick {
-		p = params{dur: 4 * time.Second, ttl: 300 * time.Millisecond, work: 20 * time.Millisecond, clients: 4}
+		p = params{dur: 2 * time.Second, longDur: 2 * time.Second, ttl: 150 * time.Millisecond, work: 5 * time.Millisecond,
+			clients: 4, locks: 2, checkTimeout: 20 * time.Second, htmlDir: htmlDir}
 	}
 	var results []result
 	for _, s := range scenarios {
@@ -107,12 +160,21 @@ func runAll(quick bool, only string) ([]result, error) {
 			continue
 		}
 		r, err := runScenario(s, p)
+		// A control that caught nothing runs again (up to 3 times in all): its job is to show
+		// the checker can see a broken lock, and a short run can miss the moment.
+		for try := 1; err == nil && s.Weak != "" && !r.Caught() && try < 3; try++ {
+			r, err = runScenario(s, p)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", s.Name, err)
 		}
 		v := r.Verdict
-		fmt.Printf("%-20s %6d acquisitions %4d faults  overlaps %d  stale accepted %d  lost updates %d  unknown %d  violations %d%s\n",
-			s.Name, v.Acquisitions, r.Faults, v.Overlaps, v.StaleAccepted, v.LostUpdates, v.Unknown, r.Violations(), controlNote(r))
+		fmt.Printf("%-19s %6d acq %4d faults  overlaps %d stale %d lost %d foreign %d expired %d porcupine %s  unknown ops %d  violations %d%s\n",
+			s.Name, v.Acquisitions, r.Faults, v.Overlaps, v.StaleAccepted, v.LostUpdates, v.ForeignReleases, v.ExpiredHandedOut,
+			v.Porcupine, v.Unknown, r.Violations(), controlNote(r))
+		if v.PorcupineHTML != "" {
+			fmt.Printf("%-19s porcupine visualisation: %s\n", "", v.PorcupineHTML)
+		}
 		results = append(results, r)
 	}
 	return results, nil
@@ -128,22 +190,10 @@ func controlNote(r result) string {
 	return "  (control: CAUGHT NOTHING)"
 }
 
-func contains(s, sub string) bool {
-	return len(sub) == 0 || (len(s) >= len(sub) && indexOf(s, sub) >= 0)
-}
-
-func indexOf(s, sub string) int {
-	for i := 0; i+len(sub) <= len(s); i++ {
-		if s[i:i+len(sub)] == sub {
-			return i
-		}
-	}
-	return -1
-}
-
 func runScenario(s scenario, p params) (result, error) {
-	r := result{Scenario: s, Control: s.Weak, TTLms: p.ttl.Milliseconds(), Clients: p.clients}
-	cfg := redisserver.Config{}
+	r := result{Scenario: s, Control: s.Weak != "", TTLms: p.ttl.Milliseconds(), Clients: p.clients, Locks: p.locks, Seed: time.Now().UnixNano()}
+	// TCP where a proxy sits in between, unix sockets otherwise.
+	cfg := redisserver.Config{TCP: s.Fault == "F2" || s.Fault == "F4"}
 	if s.Fault == "F6-aof" {
 		cfg.Args = []string{"--appendonly", "yes", "--appendfsync", "always"}
 	}
@@ -152,7 +202,7 @@ func runScenario(s scenario, p params) (result, error) {
 		return r, err
 	}
 	defer lockSrv.Stop()
-	resSrv, err := redisserver.Start(redisserver.Config{})
+	resSrv, err := redisserver.Start(redisserver.Config{TCP: s.Fault == "F3"})
 	if err != nil {
 		return r, err
 	}
@@ -163,13 +213,42 @@ func runScenario(s scenario, p params) (result, error) {
 	}
 	defer os.RemoveAll(dir)
 
+	e := &env{p: p, lockSrv: lockSrv, res: resSrv.Client(), paused: map[int]bool{}}
+	defer e.res.Close()
+	lockURL := lockSrv.URL()
+	tx := newToxics()
+	if s.Fault == "F2" || s.Fault == "F4" {
+		if e.lockPx, err = tx.proxy(lockSrv.Addr); err != nil {
+			return r, err
+		}
+		defer e.lockPx.Stop()
+		lockURL = proxyURL(e.lockPx)
+	}
+	work := p.work
+	if s.Renew {
+		work = p.ttl * 3 / 2
+	}
+	dur := p.dur
+	if s.Long {
+		dur = p.longDur
+	}
 	start := time.Now()
-	until := mono() + int64(p.dur)
-	procs := make([]*exec.Cmd, p.clients)
-	for i := range procs {
-		spec := clientSpec{ID: i + 1, LockURL: lockSrv.URL(), ResURL: resSrv.URL(), Workload: s.Workload, Weak: s.Weak,
-			TTL: p.ttl, Work: p.work, Until: until, Name: "safety", HistPath: filepath.Join(dir, fmt.Sprintf("c%d.jsonl", i+1)),
-			Drift: drift, OpTimeout: 2 * time.Second}
+	until := mono() + int64(dur)
+	e.procs = make([]*exec.Cmd, p.clients)
+	for i := range e.procs {
+		resURL := resSrv.URL()
+		if s.Fault == "F3" {
+			px, err := tx.proxy(resSrv.Addr)
+			if err != nil {
+				return r, err
+			}
+			defer px.Stop()
+			e.resPx = append(e.resPx, px)
+			resURL = proxyURL(px)
+		}
+		spec := clientSpec{ID: i + 1, LockURL: lockURL, ResURL: resURL, Workload: s.Workload, Weak: s.Weak,
+			TTL: p.ttl, Work: work, Until: until, Locks: p.locks, HistPath: filepath.Join(dir, fmt.Sprintf("c%d.jsonl", i+1)),
+			Drift: drift, OpTimeout: 2 * time.Second, Renew: s.Renew, Try: s.Try, Extend: s.Extend, Clock: s.Fault == "F9"}
 		b, _ := json.Marshal(spec)
 		cmd := exec.Command(os.Args[0], "-client", string(b))
 		cmd.Stderr = os.Stderr
@@ -177,18 +256,19 @@ func runScenario(s scenario, p params) (result, error) {
 		if err := cmd.Start(); err != nil {
 			return r, err
 		}
-		procs[i] = cmd
+		e.procs[i] = cmd
 	}
 	var wg sync.WaitGroup
 	stop := make(chan struct{})
+	e.stop = stop
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		r.Faults = nemesis(s.Fault, p, procs, lockSrv, resSrv, stop)
+		r.Faults = nemesis(s.Fault, e)
 	}()
 	var failed error
-	for _, cmd := range procs {
-		if err := waitTimeout(cmd, p.dur+30*time.Second); err != nil && failed == nil {
+	for _, cmd := range e.procs {
+		if err := waitTimeout(cmd, dur+30*time.Second); err != nil && failed == nil {
 			failed = fmt.Errorf("client: %w", err)
 		}
 	}
@@ -198,20 +278,22 @@ func runScenario(s scenario, p params) (result, error) {
 		return r, failed
 	}
 	var ops []op
-	for i := range procs {
+	for i := range e.procs {
 		h, err := readHistory(filepath.Join(dir, fmt.Sprintf("c%d.jsonl", i+1)))
 		if err != nil {
 			return r, err
 		}
 		ops = append(ops, h...)
 	}
-	final := int64(-1)
+	var finals map[int]int64
 	if s.Workload == "lockset" {
-		res := resSrv.Client()
-		final, _ = res.Get(context.Background(), "counter").Int64()
-		_ = res.Close()
+		finals = map[int]int64{}
+		for i := range p.locks {
+			finals[i], _ = e.res.Get(context.Background(), fmt.Sprintf("counter:%d", i)).Int64()
+		}
 	}
-	r.Verdict = check(ops, final)
+	r.Verdict = check(ops, finals, p.ttl, s.Try)
+	r.Verdict.Porcupine, r.Verdict.PorcupineUnknown, r.Verdict.PorcupineHTML = linearize(ops, p.ttl, p.htmlDir, s.Name, p.checkTimeout)
 	r.Seconds = time.Since(start).Seconds()
 	return r, nil
 }
@@ -226,61 +308,5 @@ func waitTimeout(cmd *exec.Cmd, d time.Duration) error {
 		_ = cmd.Process.Kill()
 		<-done
 		return fmt.Errorf("did not finish within %v", d)
-	}
-}
-
-// nemesis injects fault until stop closes and returns how many faults it injected.
-func nemesis(fault string, p params, procs []*exec.Cmd, lockSrv, resSrv *redisserver.Server, stop <-chan struct{}) int {
-	res := resSrv.Client()
-	defer res.Close()
-	n := 0
-	sleep := func(d time.Duration) bool {
-		select {
-		case <-stop:
-			return false
-		case <-time.After(d):
-			return true
-		}
-	}
-	for {
-		switch fault {
-		case "":
-			return n
-		case "F1":
-			if !sleep(time.Duration(rand.Int64N(int64(p.ttl / 2)))) {
-				return n
-			}
-			// Pause the client inside the critical section (it says so in the resource Redis).
-			c := procs[rand.IntN(len(procs))]
-			if id, err := res.Get(context.Background(), "holder").Int(); err == nil && id >= 1 && id <= len(procs) {
-				c = procs[id-1]
-			}
-			_ = c.Process.Signal(syscall.SIGSTOP)
-			n++
-			pause := time.Duration(float64(p.ttl) * (0.5 + 2.5*rand.Float64()))
-			time.Sleep(pause)
-			_ = c.Process.Signal(syscall.SIGCONT)
-		case "F5":
-			if !sleep(2 * p.ttl) {
-				return n
-			}
-			lockSrv.Pause()
-			n++
-			time.Sleep(p.ttl * 3 / 2)
-			lockSrv.Resume()
-		case "F6-restart", "F6-aof", "F6-delayed":
-			if !sleep(3 * p.ttl) {
-				return n
-			}
-			lockSrv.Kill()
-			n++
-			if fault == "F6-delayed" {
-				time.Sleep(2 * p.ttl)
-			}
-			if err := lockSrv.Restart(); err != nil {
-				fmt.Fprintln(os.Stderr, "safety: restart redis:", err)
-				return n
-			}
-		}
 	}
 }
