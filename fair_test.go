@@ -339,3 +339,37 @@ func lingerRace(t *testing.T, reenter bool) {
 	}
 	_ = l1b.Unlock(ctx)
 }
+
+// A waiter handed the lock by a release takes it with its own TTL, even one shorter than the
+// grant's grace: otherwise the lock outlives the lease and stalls the next waiter.
+func TestGrantedLockTakesTheGranteesShortTTL(t *testing.T) {
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	const ttl = 100 * time.Millisecond
+	holderC, rdb := newClient(t)
+	held, err := holderC.Mutex(name, dlock.WithTTL(ttl), dlock.WithFixedLease()).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, _ := newClient(t)
+	got := make(chan *dlock.Lease, 1)
+	go func() {
+		l, err := c.Mutex(name, dlock.WithTTL(ttl), dlock.WithFixedLease()).Lock(ctx)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- l
+	}()
+	waitQueueLen(t, rdb, name, 1)
+	time.Sleep(10 * time.Millisecond) // past the 4ms barging window: the release grants to the waiter
+	if err := held.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l := <-got
+	if l == nil {
+		return
+	}
+	if pttl := rdb.PTTL(ctx, lockKey(name)).Val(); pttl > ttl {
+		t.Fatalf("granted lock's PTTL %v, longer than the grantee's TTL %v (the grant's grace is %v)", pttl, ttl, 500*time.Millisecond)
+	}
+}

@@ -70,7 +70,9 @@ else
       redis.call('HDEL', KEYS[3], 'g:' .. owner)
       if tonumber(granted) == token then
         redis.call('HSET', KEYS[1], mark, 1)
-        redis.call('PEXPIRE', KEYS[1], ARGV[2], 'GT')
+        -- Our own TTL, not GT: the grace TTL was a placeholder, and with a TTL shorter than
+        -- the grace the lock would outlive our lease and stall the next waiter.
+        redis.call('PEXPIRE', KEYS[1], ARGV[2])
         return {1, token, 1}
       end
     end
