@@ -36,9 +36,10 @@ type window struct {
 	start, end int64
 }
 
-type clientToken struct {
+// leaseID names one lease in a history: its client and its acquire's call time.
+type leaseID struct {
 	client int
-	token  uint64
+	call   int64
 }
 
 // check merges the clients' histories (CLOCK_MONOTONIC is shared by all processes) and counts
@@ -71,14 +72,14 @@ func check(ops []op, finals map[int]int64, ttl time.Duration, single bool) verdi
 }
 
 func checkLock(ops []op, ttl time.Duration, single bool, v *verdict) {
-	releaseCall := map[clientToken]int64{}
+	releaseCall := map[leaseID]int64{}
 	var acquires, writes, reads, releases []op
 	for _, o := range ops {
 		switch {
 		case o.Kind == "acquire" && o.Result == "ok":
 			acquires = append(acquires, o)
 		case o.Kind == "release":
-			releaseCall[clientToken{o.Client, o.Token}] = o.Call
+			releaseCall[leaseID{o.Client, o.Acq}] = o.Call
 			if o.Result == "ok" {
 				releases = append(releases, o)
 			}
@@ -95,14 +96,14 @@ func checkLock(ops []op, ttl time.Duration, single bool, v *verdict) {
 	// Validity windows: from the acquire's return to the end the client last knew, cut short
 	// by its release.
 	var windows []window
-	acqReturn := map[clientToken]int64{}
+	acqReturn := map[leaseID]int64{}
 	for _, a := range acquires {
-		acqReturn[clientToken{a.Client, a.Token}] = a.Return
+		acqReturn[leaseID{a.Client, a.Call}] = a.Return
 		if a.Until <= a.Return || (single && a.Return > a.Call+int64(float64(ttl)*(1-drift))) {
 			v.ExpiredHandedOut++
 		}
 		end := a.Until
-		if rc, ok := releaseCall[clientToken{a.Client, a.Token}]; ok && rc < end {
+		if rc, ok := releaseCall[leaseID{a.Client, a.Call}]; ok && rc < end {
 			end = rc
 		}
 		if end > a.Return {
@@ -122,7 +123,7 @@ func checkLock(ops []op, ttl time.Duration, single bool, v *verdict) {
 	// A release or extend by A succeeding after B acquired since A's acquire returned.
 	sort.Slice(acquires, func(i, j int) bool { return acquires[i].Call < acquires[j].Call })
 	for _, r := range releases {
-		ra, ok := acqReturn[clientToken{r.Client, r.Token}]
+		ra, ok := acqReturn[leaseID{r.Client, r.Acq}]
 		if !ok {
 			continue
 		}

@@ -20,6 +20,9 @@ type clientSpec struct {
 	ID       int    `json:"id"`
 	LockURL  string `json:"lock_url"`
 	ResURL   string `json:"res_url"`
+	// WriteURL, when set, is where the resource writes go (through a proxy the nemesis slows
+	// down); reads and the rest go to ResURL.
+	WriteURL string `json:"write_url,omitempty"`
 	Workload string `json:"workload"` // "fenced" or "lockset"
 	// Weak names the weakened client of a positive control: "nodel" (SET NX PX, plain DEL,
 	// no owner check), "nofence" (dlock's lock, resource writes without the token check) or
@@ -47,6 +50,7 @@ type worker struct {
 	r    *recorder
 	rdb  *redis.Client // the lock's Redis (possibly through a proxy)
 	res  *redis.Client // the protected resource's Redis
+	resW *redis.Client // the same, for the writes
 	c    *dlock.Client
 }
 
@@ -71,6 +75,16 @@ func runClient(spec clientSpec) error {
 	w := &worker{spec: spec, r: r, rdb: redis.NewClient(lockOpt), res: redis.NewClient(resOpt)}
 	defer w.rdb.Close()
 	defer w.res.Close()
+	w.resW = w.res
+	if spec.WriteURL != "" {
+		wOpt, err := redis.ParseURL(spec.WriteURL)
+		if err != nil {
+			return err
+		}
+		wOpt.MaxRetries = -1
+		w.resW = redis.NewClient(wOpt)
+		defer w.resW.Close()
+	}
 
 	opts := []dlock.Option{dlock.WithTTL(spec.TTL), dlock.WithDrift(spec.Drift), dlock.WithoutCohort()}
 	if !spec.Renew {
@@ -228,7 +242,7 @@ func (w *worker) critical(ctx context.Context, h *held) {
 			extended = true
 			ec := mono()
 			err := h.lease.Extend(ctx, s.TTL)
-			w.r.rec(op{Lock: i, Kind: "extend", Call: ec, Return: mono(), Token: tok, Result: outcomeOf(err, "fail")})
+			w.r.rec(op{Lock: i, Kind: "extend", Call: ec, Return: mono(), Token: tok, Acq: h.acq.Call, Result: outcomeOf(err, "fail")})
 		}
 	}
 	wc := mono()
@@ -236,13 +250,13 @@ func (w *worker) critical(ctx context.Context, h *held) {
 	case "fenced":
 		var err error
 		if s.Weak == "nofence" || s.Weak == "nodel" {
-			err = w.res.HSet(ctx, reg, "v", s.ID, "t", tok).Err()
+			err = w.resW.HSet(ctx, reg, "v", s.ID, "t", tok).Err()
 		} else {
-			err = dlock.FencedSet(ctx, w.res, reg, s.ID, tok)
+			err = dlock.FencedSet(ctx, w.resW, reg, s.ID, tok)
 		}
 		w.r.rec(op{Lock: i, Kind: "write", Call: wc, Return: mono(), Token: tok, Result: outcomeOf(err, "fail")})
 	case "lockset":
-		err := w.res.Set(ctx, counter, v+1, 0).Err()
+		err := w.resW.Set(ctx, counter, v+1, 0).Err()
 		w.r.rec(op{Lock: i, Kind: "incr", Call: rc, Return: mono(), Token: tok, Result: outcomeOf(err, "fail"), Value: v})
 	}
 }
@@ -256,7 +270,7 @@ func (w *worker) release(ctx context.Context, h *held) {
 		h.deadline(w.spec.TTL, w.spec.Drift)
 		err = h.lease.Unlock(ctx)
 	}
-	w.r.rec(op{Lock: h.lock, Kind: "release", Call: rc, Return: mono(), Token: h.acq.Token, Result: outcomeOf(err, "fail")})
+	w.r.rec(op{Lock: h.lock, Kind: "release", Call: rc, Return: mono(), Token: h.acq.Token, Acq: h.acq.Call, Result: outcomeOf(err, "fail")})
 }
 
 // failOr is "fail" for a refusal (err nil) and the outcome of err otherwise.

@@ -211,7 +211,11 @@ func runScenario(s scenario, p params) (result, error) {
 	if err != nil {
 		return r, err
 	}
-	defer os.RemoveAll(dir)
+	if os.Getenv("SAFETY_DEBUG") == "" {
+		defer os.RemoveAll(dir)
+	} else {
+		fmt.Fprintln(os.Stderr, "debug: histories in", dir)
+	}
 
 	e := &env{p: p, lockSrv: lockSrv, res: resSrv.Client(), paused: map[int]bool{}}
 	defer e.res.Close()
@@ -236,7 +240,7 @@ func runScenario(s scenario, p params) (result, error) {
 	until := mono() + int64(dur)
 	e.procs = make([]*exec.Cmd, p.clients)
 	for i := range e.procs {
-		resURL := resSrv.URL()
+		writeURL := ""
 		if s.Fault == "F3" {
 			px, err := tx.proxy(resSrv.Addr)
 			if err != nil {
@@ -244,9 +248,9 @@ func runScenario(s scenario, p params) (result, error) {
 			}
 			defer px.Stop()
 			e.resPx = append(e.resPx, px)
-			resURL = proxyURL(px)
+			writeURL = proxyURL(px)
 		}
-		spec := clientSpec{ID: i + 1, LockURL: lockURL, ResURL: resURL, Workload: s.Workload, Weak: s.Weak,
+		spec := clientSpec{ID: i + 1, LockURL: lockURL, ResURL: resSrv.URL(), WriteURL: writeURL, Workload: s.Workload, Weak: s.Weak,
 			TTL: p.ttl, Work: work, Until: until, Locks: p.locks, HistPath: filepath.Join(dir, fmt.Sprintf("c%d.jsonl", i+1)),
 			Drift: drift, OpTimeout: 2 * time.Second, Renew: s.Renew, Try: s.Try, Extend: s.Extend, Clock: s.Fault == "F9"}
 		b, _ := json.Marshal(spec)
@@ -291,6 +295,21 @@ func runScenario(s scenario, p params) (result, error) {
 		for i := range p.locks {
 			finals[i], _ = e.res.Get(context.Background(), fmt.Sprintf("counter:%d", i)).Int64()
 		}
+	}
+	if os.Getenv("SAFETY_DEBUG") != "" {
+		slow, writes, fails := 0, 0, 0
+		for _, o := range ops {
+			if o.Kind == "write" {
+				writes++
+				if o.Return-o.Call > int64(p.ttl/2) {
+					slow++
+				}
+				if o.Result != "ok" {
+					fails++
+				}
+			}
+		}
+		fmt.Fprintf(os.Stderr, "debug: %d writes, %d slower than TTL/2, %d not ok\n", writes, slow, fails)
 	}
 	r.Verdict = check(ops, finals, p.ttl, s.Try)
 	r.Verdict.Porcupine, r.Verdict.PorcupineUnknown, r.Verdict.PorcupineHTML = linearize(ops, p.ttl, p.htmlDir, s.Name, p.checkTimeout)

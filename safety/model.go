@@ -1,0 +1,197 @@
+package main
+
+import (
+	"fmt"
+	"math"
+	"path/filepath"
+	"sort"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+)
+
+// The linearizability check: each lock's history (acquires, releases, extends, and the reads
+// and writes of its fenced register) must be explainable by one sequence of atomic steps of a
+// lease-aware, owner-aware, fenced mutex, each step falling between its operation's call and
+// return:
+//   - an acquire succeeds only if the lock is free or the holder's lease could have expired
+//     (the holder's acquire or last extend was called at least TTL × (1 − drift) earlier),
+//     and only with a token above every token granted before;
+//   - only the holder releases or extends, with its own token;
+//   - the register accepts a write only with a token at least its highest, refuses it
+//     otherwise, and a read returns its highest token.
+//
+// Operations whose outcome is unknown may have taken effect at any time after their call, or
+// not at all. Operations that cannot change the state whatever happened (refused or unknown
+// acquires: an acquire whose reply was lost is undone by the library or expires, unseen by
+// any client; refused extends and reads) are left out: they are legal at any point.
+
+// mutexState is the model's state for one lock.
+type mutexState struct {
+	owner   int    // client holding the lease, 0 if free
+	token   uint64 // the holder's token
+	lastTok uint64 // highest token ever granted
+	expMin  int64  // earliest moment the holder's lease may expire
+	regTok  uint64 // the fenced register's highest accepted token
+}
+
+type mutexInput struct {
+	kind   string
+	client int
+	token  uint64
+	call   int64
+	ret    int64 // the real return, also for unknown outcomes
+	result string
+}
+
+func mutexModel(ttl time.Duration) porcupine.Model {
+	lease := int64(float64(ttl) * (1 - drift))
+	step := func(st, in, _ interface{}) []interface{} {
+		s, o := st.(mutexState), in.(mutexInput)
+		switch o.kind {
+		case "acquire": // only successful ones reach the model
+			if (s.owner != 0 && s.expMin > o.ret) || o.token <= s.lastTok {
+				return nil
+			}
+			return []interface{}{mutexState{owner: o.client, token: o.token, lastTok: o.token, expMin: o.call + lease, regTok: s.regTok}}
+		case "release":
+			mine := s.owner == o.client && s.token == o.token
+			freed := s
+			freed.owner, freed.token, freed.expMin = 0, 0, 0
+			switch {
+			case o.result == "ok" && mine:
+				return []interface{}{freed}
+			case o.result == "ok":
+				return nil
+			case o.result == "unknown" && mine:
+				return []interface{}{s, freed}
+			}
+			return []interface{}{s}
+		case "extend":
+			mine := s.owner == o.client && s.token == o.token
+			ext := s
+			ext.expMin = max(s.expMin, o.call+lease)
+			switch {
+			case o.result == "ok" && mine:
+				return []interface{}{ext}
+			case o.result == "ok":
+				return nil
+			case mine: // unknown
+				return []interface{}{s, ext}
+			}
+			return []interface{}{s}
+		case "read":
+			if o.token != s.regTok {
+				return nil
+			}
+			return []interface{}{s}
+		case "write":
+			w := s
+			w.regTok = o.token
+			accept := o.token >= s.regTok
+			switch o.result {
+			case "ok":
+				if accept {
+					return []interface{}{w}
+				}
+				return nil
+			case "fail":
+				if accept {
+					return nil
+				}
+				return []interface{}{s}
+			}
+			if accept { // unknown
+				return []interface{}{s, w}
+			}
+			return []interface{}{s}
+		}
+		return []interface{}{s}
+	}
+	nm := porcupine.NondeterministicModel{
+		Init: func() []interface{} { return []interface{}{mutexState{}} },
+		Step: step,
+		Hash: func(st interface{}) uint64 {
+			s := st.(mutexState)
+			return uint64(s.owner)*0x9e3779b97f4a7c15 ^ s.token*31 ^ s.lastTok*131 ^ uint64(s.expMin) ^ s.regTok*0x100000001b3
+		},
+		DescribeOperation: func(in, _ interface{}) string {
+			o := in.(mutexInput)
+			return fmt.Sprintf("%s(c%d, tok %d) -> %s", o.kind, o.client, o.token, o.result)
+		},
+		DescribeState: func(st interface{}) string {
+			s := st.(mutexState)
+			if s.owner == 0 {
+				return fmt.Sprintf("free (last token %d, register %d)", s.lastTok, s.regTok)
+			}
+			return fmt.Sprintf("held by c%d tok %d, may expire from %.3fs (register %d)", s.owner, s.token, float64(s.expMin)/1e9, s.regTok)
+		},
+	}
+	return nm.ToModel()
+}
+
+// porcupineOps turns one lock's ops into porcupine operations, leaving out those that cannot
+// change the state.
+func porcupineOps(ops []op) []porcupine.Operation {
+	var out []porcupine.Operation
+	for _, o := range ops {
+		switch {
+		case o.Kind == "incr":
+			continue
+		case o.Kind == "acquire" && o.Result != "ok":
+			continue
+		case (o.Kind == "read" || o.Kind == "extend") && o.Result == "fail":
+			continue
+		case o.Kind == "read" && o.Result == "unknown":
+			continue
+		}
+		ret := o.Return
+		if o.Result == "unknown" {
+			ret = math.MaxInt64 / 2 // it may take effect any time after its call
+		}
+		out = append(out, porcupine.Operation{
+			ClientId: o.Client - 1,
+			Input:    mutexInput{kind: o.Kind, client: o.Client, token: o.Token, call: o.Call, ret: o.Return, result: o.Result},
+			Call:     o.Call,
+			Output:   nil,
+			Return:   ret,
+		})
+	}
+	return out
+}
+
+// linearize checks each lock's history with porcupine. On an illegal history it writes
+// porcupine's HTML visualisation of the failing lock into dir.
+func linearize(ops []op, ttl time.Duration, dir, name string, timeout time.Duration) (result string, unknown int, html string) {
+	byLock := map[int][]op{}
+	for _, o := range ops {
+		byLock[o.Lock] = append(byLock[o.Lock], o)
+	}
+	locks := make([]int, 0, len(byLock))
+	for l := range byLock {
+		locks = append(locks, l)
+	}
+	sort.Ints(locks)
+	model := mutexModel(ttl)
+	result = "ok"
+	for _, l := range locks {
+		hist := porcupineOps(byLock[l])
+		switch porcupine.CheckOperationsTimeout(model, hist, timeout) {
+		case porcupine.Unknown:
+			unknown++
+			if result == "ok" {
+				result = "unknown"
+			}
+		case porcupine.Illegal:
+			result = "illegal"
+			if html == "" && dir != "" {
+				_, info := porcupine.CheckOperationsVerbose(model, hist, timeout)
+				path := filepath.Join(dir, fmt.Sprintf("porcupine-%s-lock%d.html", name, l))
+				if err := porcupine.VisualizePath(model, info, path); err == nil {
+					html = path
+				}
+			}
+		}
+	}
+	return result, unknown, html
+}
