@@ -24,6 +24,10 @@ type verdict struct {
 	// already ended (no time left by the library's account, or, for a single attempt, a
 	// return after call + TTL × (1 − drift)).
 	ExpiredHandedOut int `json:"expired_handed_out"`
+	// DoubleGrants counts acquires that returned while another client's lease, acquired just
+	// before, could not yet have expired and had not been released (or possibly released,
+	// when its release's outcome is unknown).
+	DoubleGrants int `json:"double_grants"`
 	// Porcupine is the linearizability check's result: "ok", "illegal" or "unknown" (it
 	// timed out); PorcupineUnknown counts locks whose check timed out.
 	Porcupine        string `json:"porcupine"`
@@ -110,6 +114,7 @@ func checkLock(ops []op, ttl time.Duration, single bool, v *verdict) {
 			windows = append(windows, window{a.Client, a.Return, end})
 		}
 	}
+	v.DoubleGrants += doubleGrants(acquires, ops, ttl)
 	sort.Slice(windows, func(i, j int) bool { return windows[i].start < windows[j].start })
 	for i, w := range windows {
 		for j := i - 1; j >= 0 && j >= i-256; j-- {
@@ -153,4 +158,31 @@ func checkLock(ops []op, ttl time.Duration, single bool, v *verdict) {
 			v.StaleAccepted++
 		}
 	}
+}
+
+// doubleGrants counts acquires granted while the previous grant of the lock (in return
+// order), to another client, could not have expired: returned before its acquire call + TTL ×
+// (1 − drift) with no release of it called before.
+func doubleGrants(acquires, ops []op, ttl time.Duration) int {
+	released := map[leaseID]int64{} // release call (ok or unknown outcome)
+	for _, o := range ops {
+		if o.Kind == "release" && o.Result != "fail" {
+			released[leaseID{o.Client, o.Acq}] = o.Call
+		}
+	}
+	byRet := append([]op(nil), acquires...)
+	sort.Slice(byRet, func(i, j int) bool { return byRet[i].Return < byRet[j].Return })
+	lease := int64(float64(ttl) * (1 - drift))
+	n := 0
+	for i := 1; i < len(byRet); i++ {
+		a, b := byRet[i-1], byRet[i]
+		if a.Client == b.Client || b.Return >= a.Call+lease {
+			continue
+		}
+		if rc, ok := released[leaseID{a.Client, a.Call}]; ok && rc < b.Return {
+			continue
+		}
+		n++
+	}
+	return n
 }

@@ -39,6 +39,7 @@ type clientSpec struct {
 	Try       bool          `json:"try,omitempty"`    // TryLock in a loop instead of Lock
 	Extend    bool          `json:"extend,omitempty"` // call Lease.Extend in the critical section
 	Clock     bool          `json:"clock,omitempty"`  // a clock whose wall reading jumps on SIGUSR1/2
+	Seed      int64         `json:"seed"`             // for the choice of locks
 }
 
 // writeMargin is how much of its validity window a holder wants left beyond a step of work.
@@ -111,8 +112,9 @@ func runClient(spec clientSpec) error {
 	w.c = dlock.New(w.rdb, opts...)
 	defer w.c.Close(context.Background())
 
+	rng := rand.New(rand.NewPCG(uint64(spec.Seed), uint64(spec.ID)))
 	for mono() < spec.Until {
-		w.round(rand.IntN(spec.Locks))
+		w.round(rng.IntN(spec.Locks))
 	}
 	return r.close()
 }

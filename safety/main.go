@@ -21,12 +21,15 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 )
 
 func main() {
 	client := flag.String("client", "", "run as a client process with this JSON spec (internal)")
 	out := flag.String("out", "", "write SAFETY.md and safety.jsonl into this directory")
 	only := flag.String("only", "", "run only scenarios whose name contains this")
+	seed := flag.Int64("seed", 0, "base seed of the nemeses' and clients' random choices (default: from the clock); scenario i uses seed+i")
+	dur := flag.Duration("dur", 0, "run each scenario this long instead of the default (for trying things out)")
 	html := flag.String("html", "out", "write porcupine's visualisation of an illegal history into this directory")
 	flag.Parse()
 	if *client != "" {
@@ -46,7 +49,12 @@ func main() {
 		fmt.Fprintln(os.Stderr, "safety:", err)
 		os.Exit(1)
 	}
-	results, err := runAll(quick, *only, *html)
+	if *seed == 0 {
+		*seed = time.Now().UnixNano() % 1e9
+	}
+	p := paramsFor(quick, *dur, *html)
+	start := time.Now()
+	results, err := runAll(p, *only, *seed)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "safety:", err)
 		os.Exit(1)
@@ -56,7 +64,8 @@ func main() {
 			fmt.Fprintln(os.Stderr, "safety:", err)
 			os.Exit(1)
 		}
-		if err := writeReport(filepath.Clean(*out), results, quick); err != nil {
+		info := runInfo{Quick: quick, Seed: *seed, Elapsed: time.Since(start), P: p}
+		if err := writeReport(filepath.Clean(*out), results, info); err != nil {
 			fmt.Fprintln(os.Stderr, "safety:", err)
 			os.Exit(1)
 		}

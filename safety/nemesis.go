@@ -25,6 +25,7 @@ type env struct {
 	lockPx   *toxiproxy.Proxy
 	resPx    []*toxiproxy.Proxy // per client, F3 only
 	stop     <-chan struct{}
+	seed     int64
 	faults   atomic.Int64
 	pausedMu sync.Mutex
 	paused   map[int]bool
@@ -41,16 +42,16 @@ func (e *env) sleep(d time.Duration) bool {
 }
 
 // holder returns the client (1-based) the resource says holds lock i, or a random client.
-func (e *env) holder(i int) int {
+func (e *env) holder(rng *rand.Rand, i int) int {
 	if id, err := e.res.Get(context.Background(), fmt.Sprintf("holder:%d", i)).Int(); err == nil && id >= 1 && id <= len(e.procs) {
 		return id
 	}
-	return 1 + rand.IntN(len(e.procs))
+	return 1 + rng.IntN(len(e.procs))
 }
 
 // pauseLen is a pause of 0.5-3 x TTL.
-func (e *env) pauseLen() time.Duration {
-	return time.Duration(float64(e.p.ttl) * (0.5 + 2.5*rand.Float64()))
+func (e *env) pauseLen(rng *rand.Rand) time.Duration {
+	return time.Duration(float64(e.p.ttl) * (0.5 + 2.5*rng.Float64()))
 }
 
 // nemesis injects fault until the run stops and returns how many faults it injected.
@@ -58,13 +59,15 @@ func nemesis(fault string, e *env) int {
 	var wg sync.WaitGroup
 	loops := 1
 	if fault == "F1" || fault == "F3" {
-		loops = min(e.p.locks, 4) // one per lock, so each lock sees pauses of its holders
+		loops = min(e.p.locks, 3)
 	}
 	for k := range loops {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for e.sleep(time.Duration(rand.Int64N(int64(e.p.ttl/2)))) && e.inject(fault, k) {
+			// Each loop draws from its own generator, seeded from the scenario's seed.
+			rng := rand.New(rand.NewPCG(uint64(e.seed), uint64(k)))
+			for e.sleep(time.Duration(rng.Int64N(int64(e.p.ttl/2)))) && e.inject(rng, fault, k) {
 			}
 		}()
 	}
@@ -73,13 +76,13 @@ func nemesis(fault string, e *env) int {
 }
 
 // inject injects one fault; it reports false when there is nothing (more) to do.
-func (e *env) inject(fault string, k int) bool {
+func (e *env) inject(rng *rand.Rand, fault string, k int) bool {
 	ttl := e.p.ttl
 	switch fault {
 	case "":
 		return false
 	case "F1": // SIGSTOP a holder of lock k for 0.5-3 x TTL
-		id := e.holder(k)
+		id := e.holder(rng, k)
 		e.pausedMu.Lock()
 		busy := e.paused[id]
 		e.paused[id] = true
@@ -90,7 +93,7 @@ func (e *env) inject(fault string, k int) bool {
 		c := e.procs[id-1]
 		_ = c.Process.Signal(syscall.SIGSTOP)
 		e.faults.Add(1)
-		time.Sleep(e.pauseLen())
+		time.Sleep(e.pauseLen(rng))
 		_ = c.Process.Signal(syscall.SIGCONT)
 		e.pausedMu.Lock()
 		delete(e.paused, id)
@@ -108,10 +111,10 @@ func (e *env) inject(fault string, k int) bool {
 		time.Sleep(2 * ttl)
 		removeToxic(e.lockPx, "slow")
 	case "F3": // the writes of lock k's holder to the resource take 0.5-3 x TTL to arrive
-		id := e.holder(k)
+		id := e.holder(rng, k)
 		px := e.resPx[id-1]
 		name := fmt.Sprintf("slow%d", k)
-		lat := e.pauseLen()
+		lat := e.pauseLen(rng)
 		if err := addToxic(px, fmt.Sprintf(`{"name":%q,"type":"latency","stream":"upstream","attributes":{"latency":%d}}`,
 			name, lat.Milliseconds())); err != nil {
 			return true // this client's link is already slowed by another loop
@@ -125,7 +128,7 @@ func (e *env) inject(fault string, k int) bool {
 		if !e.sleep(2 * ttl) {
 			return false
 		}
-		if rand.IntN(2) == 0 {
+		if rng.IntN(2) == 0 {
 			_ = addToxic(e.lockPx, `{"name":"cut-down","type":"timeout","stream":"downstream","attributes":{"timeout":0}}`)
 			_ = addToxic(e.lockPx, `{"name":"cut-up","type":"timeout","stream":"upstream","attributes":{"timeout":0}}`)
 			e.faults.Add(1)

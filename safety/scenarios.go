@@ -28,6 +28,9 @@ type scenario struct {
 	Try      bool   `json:"try,omitempty"`    // TryLock attempts
 	Extend   bool   `json:"extend,omitempty"` // Lease.Extend in the critical section
 	Long     bool   `json:"long,omitempty"`   // runs longer in the full run (F1's size target)
+	// WorkTTL, when set, is the work per round as a fraction of the TTL (default: the short
+	// fixed work, or 1.5 with Renew, so the watchdog must keep the lease).
+	WorkTTL float64 `json:"work_ttl,omitempty"`
 	// Guarantee lists what dlock promises here (a count above 0 is a violation); Expected
 	// lists the documented limits, measured and reported beside them.
 	Guarantee []string `json:"guarantee"`
@@ -36,7 +39,7 @@ type scenario struct {
 }
 
 // all is every kind of violation the checker counts.
-var all = []string{"overlaps", "stale", "lost", "foreign", "expired", "illegal"}
+var all = []string{"overlaps", "double", "stale", "lost", "foreign", "expired", "illegal"}
 
 func except(drop ...string) []string {
 	var out []string
@@ -56,19 +59,21 @@ var scenarios = []scenario{
 	{Name: "baseline-lockset", Workload: "lockset", Guarantee: all,
 		About: "no fault: the lock alone keeps read-modify-write exact"},
 	{Name: "baseline-fenced", Workload: "fenced", Guarantee: all, About: "no fault, fenced register"},
-	{Name: "F1-fenced", Workload: "fenced", Fault: "F1", Long: true, Guarantee: all,
+	// A pause can land between the library's last look at a lease and the caller's first, so
+	// under F1 a lease found already over when Lock returns is measured, not a violation.
+	{Name: "F1-fenced", Workload: "fenced", Fault: "F1", Long: true, Guarantee: except("expired"), Expected: []string{"expired"},
 		About: "holders paused (SIGSTOP) for 0.5-3 x TTL, often between their last check and their write; the register refuses the stale tokens"},
-	{Name: "F1-lockset", Workload: "lockset", Fault: "F1", Long: true, Guarantee: except("lost"), Expected: []string{"lost"},
+	{Name: "F1-lockset", Workload: "lockset", Fault: "F1", Long: true, Guarantee: except("lost", "expired"), Expected: []string{"lost", "expired"},
 		About: "the same pauses on an unfenced read-modify-write: the lost updates are the reason fencing exists"},
 	{Name: "F2-fenced", Workload: "fenced", Fault: "F2", Try: true, Guarantee: all,
 		About: "every reply from the lock's Redis delayed 1.2 x TTL (toxiproxy latency) for 2 x TTL at a time, TryLock attempts: no lease may be handed out already expired"},
 	{Name: "F3-fenced", Workload: "fenced", Fault: "F3", Guarantee: all,
 		About: "a holder's writes to the resource delayed 0.5-3 x TTL (toxiproxy latency on its link): they arrive after its lease ended"},
-	{Name: "F4-fenced", Workload: "fenced", Fault: "F4", Renew: true, Extend: true, Guarantee: all,
-		About: "client-Redis partitions for 1.5 x TTL (toxiproxy timeout) and connection resets (reset_peer), renewed leases and explicit Extend calls: no release or extend of another owner's lock"},
+	{Name: "F4-fenced", Workload: "fenced", Fault: "F4", Renew: true, Extend: true, WorkTTL: 0.5, Guarantee: all,
+		About: "client-Redis partitions for 1.5 x TTL (toxiproxy timeout) and connection resets (reset_peer), while holders work TTL/2 with the watchdog renewing and an explicit Extend half-way: no release or extend of another owner's lock"},
 	{Name: "F5-lockset", Workload: "lockset", Fault: "F5", Guarantee: all, About: "Redis paused (SIGSTOP) for 1.5 x TTL"},
 	{Name: "F6-restart", Workload: "lockset", Fault: "F6-restart", Guarantee: []string{"stale", "foreign", "expired"},
-		Expected: []string{"overlaps", "lost", "illegal"},
+		Expected: []string{"overlaps", "double", "lost", "illegal"},
 		About:    "Redis killed and restarted at once without persistence: it forgets its locks, so a lock can be granted twice (documented)"},
 	{Name: "F6-aof", Workload: "lockset", Fault: "F6-aof", Guarantee: all, About: "Redis killed and restarted with appendfsync always"},
 	{Name: "F6-delayed", Workload: "lockset", Fault: "F6-delayed", Guarantee: all,
@@ -111,6 +116,8 @@ func (r result) count(what string) int {
 		return v.ForeignReleases
 	case "expired":
 		return v.ExpiredHandedOut
+	case "double":
+		return v.DoubleGrants
 	case "illegal":
 		if v.Porcupine == "illegal" {
 			return 1
@@ -147,30 +154,39 @@ type params struct {
 	htmlDir      string
 }
 
-func runAll(quick bool, only, htmlDir string) ([]result, error) {
-	p := params{dur: 60 * time.Second, longDur: 150 * time.Second, ttl: 250 * time.Millisecond, work: 5 * time.Millisecond,
-		clients: 8, locks: 4, checkTimeout: 2 * time.Minute, htmlDir: htmlDir}
+// paramsFor returns the full run's parameters, or the quick run's; dur > 0 overrides every
+// scenario's duration.
+func paramsFor(quick bool, dur time.Duration, htmlDir string) params {
+	p := params{dur: 60 * time.Second, longDur: 280 * time.Second, ttl: 250 * time.Millisecond, work: 5 * time.Millisecond,
+		clients: 16, locks: 16, checkTimeout: 2 * time.Minute, htmlDir: htmlDir}
 	if quick {
 		p = params{dur: 2 * time.Second, longDur: 2 * time.Second, ttl: 150 * time.Millisecond, work: 5 * time.Millisecond,
 			clients: 4, locks: 2, checkTimeout: 20 * time.Second, htmlDir: htmlDir}
 	}
+	if dur > 0 {
+		p.dur, p.longDur = dur, dur
+	}
+	return p
+}
+
+func runAll(p params, only string, seed int64) ([]result, error) {
 	var results []result
-	for _, s := range scenarios {
+	for i, s := range scenarios {
 		if only != "" && !strings.Contains(s.Name, only) {
 			continue
 		}
-		r, err := runScenario(s, p)
+		r, err := runScenario(s, p, seed+int64(i))
 		// A control that caught nothing runs again (up to 3 times in all): its job is to show
 		// the checker can see a broken lock, and a short run can miss the moment.
 		for try := 1; err == nil && s.Weak != "" && !r.Caught() && try < 3; try++ {
-			r, err = runScenario(s, p)
+			r, err = runScenario(s, p, seed+int64(i)+int64(try)*1000)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", s.Name, err)
 		}
 		v := r.Verdict
-		fmt.Printf("%-19s %6d acq %4d faults  overlaps %d stale %d lost %d foreign %d expired %d porcupine %s  unknown ops %d  violations %d%s\n",
-			s.Name, v.Acquisitions, r.Faults, v.Overlaps, v.StaleAccepted, v.LostUpdates, v.ForeignReleases, v.ExpiredHandedOut,
+		fmt.Printf("%-19s %6d acq %4d faults  overlaps %d double %d stale %d lost %d foreign %d expired %d porcupine %s  unknown ops %d  violations %d%s\n",
+			s.Name, v.Acquisitions, r.Faults, v.Overlaps, v.DoubleGrants, v.StaleAccepted, v.LostUpdates, v.ForeignReleases, v.ExpiredHandedOut,
 			v.Porcupine, v.Unknown, r.Violations(), controlNote(r))
 		if v.PorcupineHTML != "" {
 			fmt.Printf("%-19s porcupine visualisation: %s\n", "", v.PorcupineHTML)
@@ -190,8 +206,8 @@ func controlNote(r result) string {
 	return "  (control: CAUGHT NOTHING)"
 }
 
-func runScenario(s scenario, p params) (result, error) {
-	r := result{Scenario: s, Control: s.Weak != "", TTLms: p.ttl.Milliseconds(), Clients: p.clients, Locks: p.locks, Seed: time.Now().UnixNano()}
+func runScenario(s scenario, p params, seed int64) (result, error) {
+	r := result{Scenario: s, Control: s.Weak != "", TTLms: p.ttl.Milliseconds(), Clients: p.clients, Locks: p.locks, Seed: seed}
 	// TCP where a proxy sits in between, unix sockets otherwise.
 	cfg := redisserver.Config{TCP: s.Fault == "F2" || s.Fault == "F4"}
 	if s.Fault == "F6-aof" {
@@ -217,7 +233,7 @@ func runScenario(s scenario, p params) (result, error) {
 		fmt.Fprintln(os.Stderr, "debug: histories in", dir)
 	}
 
-	e := &env{p: p, lockSrv: lockSrv, res: resSrv.Client(), paused: map[int]bool{}}
+	e := &env{p: p, lockSrv: lockSrv, res: resSrv.Client(), paused: map[int]bool{}, seed: r.Seed}
 	defer e.res.Close()
 	lockURL := lockSrv.URL()
 	tx := newToxics()
@@ -231,6 +247,9 @@ func runScenario(s scenario, p params) (result, error) {
 	work := p.work
 	if s.Renew {
 		work = p.ttl * 3 / 2
+	}
+	if s.WorkTTL > 0 {
+		work = time.Duration(float64(p.ttl) * s.WorkTTL)
 	}
 	dur := p.dur
 	if s.Long {
@@ -252,7 +271,7 @@ func runScenario(s scenario, p params) (result, error) {
 		}
 		spec := clientSpec{ID: i + 1, LockURL: lockURL, ResURL: resSrv.URL(), WriteURL: writeURL, Workload: s.Workload, Weak: s.Weak,
 			TTL: p.ttl, Work: work, Until: until, Locks: p.locks, HistPath: filepath.Join(dir, fmt.Sprintf("c%d.jsonl", i+1)),
-			Drift: drift, OpTimeout: 2 * time.Second, Renew: s.Renew, Try: s.Try, Extend: s.Extend, Clock: s.Fault == "F9"}
+			Drift: drift, OpTimeout: 2 * time.Second, Seed: r.Seed, Renew: s.Renew, Try: s.Try, Extend: s.Extend, Clock: s.Fault == "F9"}
 		b, _ := json.Marshal(spec)
 		cmd := exec.Command(os.Args[0], "-client", string(b))
 		cmd.Stderr = os.Stderr
