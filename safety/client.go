@@ -17,9 +17,9 @@ import (
 
 // clientSpec tells a client process what to do; the driver passes it as JSON.
 type clientSpec struct {
-	ID       int    `json:"id"`
-	LockURL  string `json:"lock_url"`
-	ResURL   string `json:"res_url"`
+	ID      int    `json:"id"`
+	LockURL string `json:"lock_url"`
+	ResURL  string `json:"res_url"`
 	// WriteURL, when set, is where the resource writes go (through a proxy the nemesis slows
 	// down); reads and the rest go to ResURL.
 	WriteURL string `json:"write_url,omitempty"`
