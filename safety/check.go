@@ -28,6 +28,9 @@ type verdict struct {
 	// before, could not yet have expired and had not been released (or possibly released,
 	// when its release's outcome is unknown).
 	DoubleGrants int `json:"double_grants"`
+	// LeasesLost counts leases that ended (Done) before their holder released them: not a
+	// violation, the measure of how often a fault cost a holder its lease.
+	LeasesLost int `json:"leases_lost"`
 	// Porcupine is the linearizability check's result: "ok", "illegal" or "unknown" (it
 	// timed out); PorcupineUnknown counts locks whose check timed out.
 	Porcupine        string `json:"porcupine"`
@@ -96,6 +99,11 @@ func checkLock(ops []op, ttl time.Duration, single bool, v *verdict) {
 		}
 	}
 	v.Acquisitions += len(acquires)
+	for _, a := range acquires {
+		if a.Lost {
+			v.LeasesLost++
+		}
+	}
 
 	// Validity windows: from the acquire's return to the end the client last knew, cut short
 	// by its release.

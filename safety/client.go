@@ -158,6 +158,13 @@ func (w *worker) round(i int) {
 	// Tell the nemesis who is inside the critical section, so pauses hit holders.
 	_ = w.res.Set(ctx, fmt.Sprintf("holder:%d", i), s.ID, 0).Err()
 	w.critical(ctx, h)
+	if h.lease != nil {
+		select {
+		case <-h.lease.Done():
+			h.acq.Lost = true
+		default:
+		}
+	}
 	w.release(ctx, h)
 	w.r.rec(h.acq)
 }

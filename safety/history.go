@@ -21,6 +21,8 @@ type op struct {
 	// Until (acquire ops) is the end of the lease's validity window as the client last knew
 	// it: the latest now + Lease.Remaining it read before acting under the lease.
 	Until int64 `json:"until,omitempty"`
+	// Lost (acquire ops) says the client saw the lease end (Done) before its release.
+	Lost bool `json:"lost,omitempty"`
 	// Acq (release and extend ops) is the call time of the acquire whose lease they act on.
 	Acq int64 `json:"acq,omitempty"`
 	// Value is what a read-modify-write read (incr ops).

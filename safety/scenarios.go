@@ -185,8 +185,8 @@ func runAll(p params, only string, seed int64) ([]result, error) {
 			return nil, fmt.Errorf("%s: %w", s.Name, err)
 		}
 		v := r.Verdict
-		fmt.Printf("%-19s %6d acq %4d faults  overlaps %d double %d stale %d lost %d foreign %d expired %d porcupine %s  unknown ops %d  violations %d%s\n",
-			s.Name, v.Acquisitions, r.Faults, v.Overlaps, v.DoubleGrants, v.StaleAccepted, v.LostUpdates, v.ForeignReleases, v.ExpiredHandedOut,
+		fmt.Printf("%-19s %6d acq %4d faults  leases lost %d  overlaps %d double %d stale %d lost %d foreign %d expired %d porcupine %s  unknown ops %d  violations %d%s\n",
+			s.Name, v.Acquisitions, r.Faults, v.LeasesLost, v.Overlaps, v.DoubleGrants, v.StaleAccepted, v.LostUpdates, v.ForeignReleases, v.ExpiredHandedOut,
 			v.Porcupine, v.Unknown, r.Violations(), controlNote(r))
 		if v.PorcupineHTML != "" {
 			fmt.Printf("%-19s porcupine visualisation: %s\n", "", v.PorcupineHTML)
