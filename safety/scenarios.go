@@ -179,6 +179,7 @@ func runAll(p params, only string, seed int64) ([]result, error) {
 		// A control that caught nothing runs again (up to 3 times in all): its job is to show
 		// the checker can see a broken lock, and a short run can miss the moment.
 		for try := 1; err == nil && s.Weak != "" && !r.Caught() && try < 3; try++ {
+			fmt.Printf("%-19s caught nothing in run %d of 3; running it again\n", s.Name, try)
 			r, err = runScenario(s, p, seed+int64(i)+int64(try)*1000)
 		}
 		if err != nil {
