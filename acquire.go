@@ -14,6 +14,10 @@ import (
 // connection is down, or the client type has none).
 const pollWithoutPush = 50 * time.Millisecond
 
+// lateRetry is how long an acquire whose reply came after the lease's safe deadline waits
+// before trying again, so a network that stays that slow is not hammered.
+const lateRetry = 10 * time.Millisecond
+
 // leaveTimeout bounds how long a waiter that gives up spends leaving the Redis queue.
 const leaveTimeout = time.Second
 
@@ -70,6 +74,16 @@ func (c *Client) tryHold(ctx context.Context, s holdSpec, queue bool) (*hold, ti
 		}
 		return nil, max(wait, time.Millisecond), fmt.Errorf("%w: %q", ErrNotObtained, s.name)
 	}
+	// A reply that came after the lease's safe deadline (a slow network) must not start a
+	// lease that is already over: drop the hold in Redis and let the caller try again a
+	// little later. Decided before the hold is tracked, so no deadline timer races with it.
+	late := func() (*hold, time.Duration, error) {
+		c.abandon(s, holdID)
+		return nil, lateRetry, fmt.Errorf("%w: %q: %w", ErrNotObtained, s.name, errLateReply)
+	}
+	if c.since(sent) >= s.cfg.safeLease(ttl) {
+		return late()
+	}
 	h := &hold{
 		c: c, name: s.name, keys: k, cfg: s.cfg, owner: s.owner, holdID: holdID,
 		token: uint64(res[1]), tracked: make(chan struct{}), ttl: ttl, heapIdx: -1,
@@ -80,15 +94,14 @@ func (c *Client) tryHold(ctx context.Context, s holdSpec, queue bool) (*hold, ti
 		h.end(err, false)
 		return nil, 0, fmt.Errorf("%w: lock %q", err, s.name)
 	}
-	if !h.isHeld() { // lost or closed the moment it was taken
-		return nil, 0, h.lossErr()
-	}
 	if !h.valid() {
-		// The reply came after the safe deadline (a slow network): never hand out a lease
-		// that is already over. Drop the hold in Redis and let the caller try again.
+		// The deadline passed while the hold was being tracked (its timer may have ended it
+		// already), or a push or Close ended it the moment it was taken.
 		h.lose(errLateReply)
-		c.abandon(s, holdID)
-		return nil, 0, fmt.Errorf("%w: %q: %w", ErrNotObtained, s.name, errLateReply)
+		if err := h.lossErr(); errors.Is(err, errLateReply) || errors.Is(err, errDeadline) || errors.Is(err, errFixedLeaseOver) {
+			return late()
+		}
+		return nil, 0, h.lossErr()
 	}
 	return h, 0, nil
 }

@@ -24,7 +24,9 @@
 // per Lock. Every fresh acquisition reserves a block of tokens from a per-lock counter:
 // fencing tokens strictly increase across all owners, processes and goroutines. The counter
 // never falls behind the Redis server's clock in microseconds, so tokens keep increasing even
-// across a Redis restart that lost the counter (unless the server's clock steps back).
+// across a Redis restart that lost the counter, unless the server's clock steps back or one
+// lock took more than 15,625 fresh Redis holds a second before it (each advances the counter
+// by 64, cohort hand-offs by nothing), which puts the counter ahead of the clock.
 //
 // Waiting is fair: goroutines of one Client queue locally and are handed the lock without a
 // Redis round trip in bounded batches (cohorting); processes wait in a FIFO kept in Redis,

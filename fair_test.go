@@ -347,7 +347,7 @@ func TestGrantedLockTakesTheGranteesShortTTL(t *testing.T) {
 	name := redistest.Name(t)
 	const ttl = 100 * time.Millisecond
 	holderC, rdb := newClient(t)
-	held, err := holderC.Mutex(name, dlock.WithTTL(ttl), dlock.WithFixedLease()).Lock(ctx)
+	held, err := holderC.Mutex(name).Lock(ctx) // the default TTL: only the grantee's matters
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -201,8 +201,7 @@ func (h *hold) setDeadlineLocked(sent time.Time, ttl time.Duration) {
 		return // a later-sent command already set it
 	}
 	h.deadlineFrom = sent
-	margin := time.Duration(float64(ttl) * h.cfg.driftFactor())
-	h.deadline = sent.Add(ttl - margin)
+	h.deadline = sent.Add(h.cfg.safeLease(ttl))
 	h.resetTimerLocked()
 }
 

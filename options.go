@@ -155,3 +155,9 @@ func validateName(name string) error {
 	}
 	return nil
 }
+
+// safeLease is how long after sending a command that set the TTL to ttl a lease counts as
+// held: ttl × (1 − drift).
+func (c config) safeLease(ttl time.Duration) time.Duration {
+	return ttl - time.Duration(float64(ttl)*c.driftFactor())
+}

@@ -20,14 +20,16 @@ type verdict struct {
 	// ForeignReleases counts releases and extends that succeeded although another client had
 	// acquired the lock since the releaser's own acquire returned.
 	ForeignReleases int `json:"foreign_releases"`
-	// ExpiredHandedOut counts acquires that returned a lease whose validity window had
-	// already ended (no time left by the library's account, or, for a single attempt, a
-	// return after call + TTL × (1 − drift)).
+	// ExpiredHandedOut counts single acquire attempts (TryLock) that returned a lease after
+	// call + TTL × (1 − drift) + expiredSlack: a lease already over when handed out.
 	ExpiredHandedOut int `json:"expired_handed_out"`
 	// DoubleGrants counts acquires that returned while another client's lease, acquired just
 	// before, could not yet have expired and had not been released (or possibly released,
 	// when its release's outcome is unknown).
 	DoubleGrants int `json:"double_grants"`
+	// TokenRegressions counts acquires whose token was not above that of an acquire that had
+	// returned before they were called.
+	TokenRegressions int `json:"token_regressions"`
 	// LeasesLost counts leases that ended (Done) before their holder released them: not a
 	// violation, the measure of how often a fault cost a holder its lease.
 	LeasesLost int `json:"leases_lost"`
@@ -37,6 +39,10 @@ type verdict struct {
 	PorcupineUnknown int    `json:"porcupine_unknown"`
 	PorcupineHTML    string `json:"porcupine_html,omitempty"`
 }
+
+// expiredSlack allows for the client being descheduled between the library's last check of
+// a lease and the client's reading of the return time.
+const expiredSlack = 10 * time.Millisecond
 
 type window struct {
 	client     int
@@ -111,7 +117,7 @@ func checkLock(ops []op, ttl time.Duration, single bool, v *verdict) {
 	acqReturn := map[leaseID]int64{}
 	for _, a := range acquires {
 		acqReturn[leaseID{a.Client, a.Call}] = a.Return
-		if a.Until <= a.Return || (single && a.Return > a.Call+int64(float64(ttl)*(1-drift))) {
+		if single && a.Return > a.Call+int64(float64(ttl)*(1-drift))+int64(expiredSlack) {
 			v.ExpiredHandedOut++
 		}
 		end := a.Until
@@ -123,6 +129,7 @@ func checkLock(ops []op, ttl time.Duration, single bool, v *verdict) {
 		}
 	}
 	v.DoubleGrants += doubleGrants(acquires, ops, ttl)
+	v.TokenRegressions += tokenRegressions(acquires)
 	sort.Slice(windows, func(i, j int) bool { return windows[i].start < windows[j].start })
 	for i, w := range windows {
 		for j := i - 1; j >= 0 && j >= i-256; j-- {
@@ -170,7 +177,8 @@ func checkLock(ops []op, ttl time.Duration, single bool, v *verdict) {
 
 // doubleGrants counts acquires granted while the previous grant of the lock (in return
 // order), to another client, could not have expired: returned before its acquire call + TTL ×
-// (1 − drift) with no release of it called before.
+// (1 − drift) or before the end of the window its holder last read (renewals included), with
+// no release of it called before.
 func doubleGrants(acquires, ops []op, ttl time.Duration) int {
 	released := map[leaseID]int64{} // release call (ok or unknown outcome)
 	for _, o := range ops {
@@ -184,13 +192,34 @@ func doubleGrants(acquires, ops []op, ttl time.Duration) int {
 	n := 0
 	for i := 1; i < len(byRet); i++ {
 		a, b := byRet[i-1], byRet[i]
-		if a.Client == b.Client || b.Return >= a.Call+lease {
+		if a.Client == b.Client || b.Return >= max(a.Call+lease, a.Until) {
 			continue
 		}
 		if rc, ok := released[leaseID{a.Client, a.Call}]; ok && rc < b.Return {
 			continue
 		}
 		n++
+	}
+	return n
+}
+
+// tokenRegressions counts acquires whose token does not exceed the highest token of the
+// acquires that returned before their call.
+func tokenRegressions(acquires []op) int {
+	byCall := append([]op(nil), acquires...)
+	sort.Slice(byCall, func(i, j int) bool { return byCall[i].Call < byCall[j].Call })
+	byRet := append([]op(nil), acquires...)
+	sort.Slice(byRet, func(i, j int) bool { return byRet[i].Return < byRet[j].Return })
+	var maxTok uint64
+	n, k := 0, 0
+	for _, b := range byCall {
+		for k < len(byRet) && byRet[k].Return < b.Call {
+			maxTok = max(maxTok, byRet[k].Token)
+			k++
+		}
+		if b.Token <= maxTok {
+			n++
+		}
 	}
 	return n
 }

@@ -15,7 +15,8 @@ import (
 // lease-aware, owner-aware, fenced mutex, each step falling between its operation's call and
 // return:
 //   - an acquire succeeds only if the lock is free or the holder's lease could have expired
-//     (the holder's acquire or last extend was called at least TTL × (1 − drift) earlier),
+//     (past both the holder's acquire or last extend call + TTL × (1 − drift) and the end of
+//     the validity window the holder last read from the library, renewals included),
 //     and only with a token above every token granted before;
 //   - only the holder releases or extends, with its own token;
 //   - the register accepts a write only with a token at least its highest, refuses it
@@ -41,6 +42,7 @@ type mutexInput struct {
 	token  uint64
 	call   int64
 	ret    int64 // the real return, also for unknown outcomes
+	until  int64 // acquires: the end of the validity window the holder last read
 	result string
 }
 
@@ -53,7 +55,9 @@ func mutexModel(ttl time.Duration) porcupine.Model {
 			if (s.owner != 0 && s.expMin > o.ret) || o.token <= s.lastTok {
 				return nil
 			}
-			return []interface{}{mutexState{owner: o.client, token: o.token, lastTok: o.token, expMin: o.call + lease, regTok: s.regTok}}
+			// The lease cannot expire in Redis before the holder's own last-known deadline
+			// (renewals included), nor before its acquire call + TTL × (1 − drift).
+			return []interface{}{mutexState{owner: o.client, token: o.token, lastTok: o.token, expMin: max(o.call+lease, o.until), regTok: s.regTok}}
 		case "release":
 			mine := s.owner == o.client && s.token == o.token
 			freed := s
@@ -151,7 +155,7 @@ func porcupineOps(ops []op) []porcupine.Operation {
 		}
 		out = append(out, porcupine.Operation{
 			ClientId: o.Client - 1,
-			Input:    mutexInput{kind: o.Kind, client: o.Client, token: o.Token, call: o.Call, ret: o.Return, result: o.Result},
+			Input:    mutexInput{kind: o.Kind, client: o.Client, token: o.Token, call: o.Call, ret: o.Return, until: o.Until, result: o.Result},
 			Call:     o.Call,
 			Output:   nil,
 			Return:   ret,
