@@ -38,7 +38,7 @@ bench-pg: redis-server
 # 25 minutes) writes docs/SAFETY.md; SAFETY_QUICK=1 runs in under a minute and writes nothing
 # unless SAFETY_ARGS says -out. SAFETY_ARGS passes flags (-seed N, -only NAME; go run . -h).
 safety: redis-server
-	cd safety && $(GO) run . $(if $(SAFETY_QUICK),,-out ../docs) $(SAFETY_ARGS)
+	cd safety && $(GO) test -count=1 . && $(GO) run . $(if $(SAFETY_QUICK),,-out ../docs) $(SAFETY_ARGS)
 
 clean:
 	rm -rf bin

@@ -175,10 +175,12 @@ func checkLock(ops []op, ttl time.Duration, single bool, v *verdict) {
 	}
 }
 
-// doubleGrants counts acquires granted while the previous grant of the lock (in return
-// order), to another client, could not have expired: returned before its acquire call + TTL ×
-// (1 − drift) or before the end of the window its holder last read (renewals included), with
-// no release of it called before.
+// doubleGrants counts acquires B granted while an earlier grant A, to another client, could
+// not have expired and had not been released. A is the grant that returned last before B was
+// called: the one certainly before B in real time (a client paused between its acquire and
+// recording the return makes return order differ from grant order, which porcupine handles).
+// A could not have expired before its acquire call + TTL × (1 − drift), nor before the end
+// of the window its holder last read (renewals included).
 func doubleGrants(acquires, ops []op, ttl time.Duration) int {
 	released := map[leaseID]int64{} // release call (ok or unknown outcome)
 	for _, o := range ops {
@@ -188,10 +190,18 @@ func doubleGrants(acquires, ops []op, ttl time.Duration) int {
 	}
 	byRet := append([]op(nil), acquires...)
 	sort.Slice(byRet, func(i, j int) bool { return byRet[i].Return < byRet[j].Return })
+	byCall := append([]op(nil), acquires...)
+	sort.Slice(byCall, func(i, j int) bool { return byCall[i].Call < byCall[j].Call })
 	lease := int64(float64(ttl) * (1 - drift))
-	n := 0
-	for i := 1; i < len(byRet); i++ {
-		a, b := byRet[i-1], byRet[i]
+	n, k := 0, 0
+	for _, b := range byCall {
+		for k < len(byRet) && byRet[k].Return < b.Call {
+			k++
+		}
+		if k == 0 {
+			continue
+		}
+		a := byRet[k-1]
 		if a.Client == b.Client || b.Return >= max(a.Call+lease, a.Until) {
 			continue
 		}

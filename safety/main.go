@@ -113,7 +113,8 @@ func init() {
 		fmt.Fprintln(os.Stderr, strings.TrimSpace(`
 Usage: go run . [-out DIR] [-only NAME]
 Runs dlock's safety scenarios (SAFETY_QUICK=1 for a short run) and prints a line per scenario
-and a summary; exits non-zero on a violation or a control that caught nothing.`))
+and a summary; exits non-zero on a violation, a control that caught nothing, or a history
+porcupine could not decide in time. SAFETY_KEEP=1 keeps the clients' histories (JSON lines).`))
 		flag.PrintDefaults()
 	}
 }

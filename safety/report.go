@@ -57,7 +57,7 @@ func writeReport(dir string, results []result, info runInfo) error {
 	p("after one with a higher token, so fencing protects the resource beyond the windows. Counted for each scenario:\n\n")
 	p("- **leases lost** (not a violation): leases that ended (Done) before their holder released them;\n")
 	p("- **overlaps**: two clients' validity windows on one lock overlapping;\n")
-	p("- **double grants**: an acquire returning while the previous grant, to another client, could not have expired (before its acquire call + TTL × (1 − drift) and before the end of the window its holder last read) and had not been released;\n")
+	p("- **double grants**: an acquire returning while the grant before it (the last to return before it was called), to another client, could not have expired (before its acquire call + TTL × (1 − drift) and before the end of the window its holder last read) and had not been released;\n")
 	p("- **token regressions**: an acquire whose fencing token is not above the token of an acquire that returned before it was called;\n")
 	p("- **stale accepted**: the fenced register accepting a write after a higher token's write had returned (seen by a later write or read);\n")
 	p("- **lost updates**: successful read-modify-write increments minus the final counters (lock-set workload; a lower bound when increments had unknown outcomes);\n")

@@ -232,10 +232,10 @@ func runScenario(s scenario, p params, seed int64) (result, error) {
 	if err != nil {
 		return r, err
 	}
-	if os.Getenv("SAFETY_DEBUG") == "" {
+	if os.Getenv("SAFETY_KEEP") == "" {
 		defer os.RemoveAll(dir)
 	} else {
-		fmt.Fprintln(os.Stderr, "debug: histories in", dir)
+		fmt.Fprintf(os.Stderr, "safety: %s: histories kept in %s\n", s.Name, dir)
 	}
 
 	e := &env{p: p, lockSrv: lockSrv, res: resSrv.Client(), paused: map[int]bool{}, seed: r.Seed}
@@ -319,21 +319,6 @@ func runScenario(s scenario, p params, seed int64) (result, error) {
 		for i := range p.locks {
 			finals[i], _ = e.res.Get(context.Background(), fmt.Sprintf("counter:%d", i)).Int64()
 		}
-	}
-	if os.Getenv("SAFETY_DEBUG") != "" {
-		slow, writes, fails := 0, 0, 0
-		for _, o := range ops {
-			if o.Kind == "write" {
-				writes++
-				if o.Return-o.Call > int64(p.ttl/2) {
-					slow++
-				}
-				if o.Result != "ok" {
-					fails++
-				}
-			}
-		}
-		fmt.Fprintf(os.Stderr, "debug: %d writes, %d slower than TTL/2, %d not ok\n", writes, slow, fails)
 	}
 	r.Verdict = check(ops, finals, p.ttl, s.Try)
 	r.Verdict.Porcupine, r.Verdict.PorcupineUnknown, r.Verdict.PorcupineHTML = linearize(ops, p.ttl, p.htmlDir, s.Name, p.checkTimeout)
