@@ -77,12 +77,12 @@ func (c *Client) tryHold(ctx context.Context, s holdSpec, queue bool) (*hold, ti
 	// A reply that came after the lease's safe deadline (a slow network) must not start a
 	// lease that is already over: drop the hold in Redis and let the caller try again a
 	// little later. Decided before the hold is tracked, so no deadline timer races with it.
-	late := func() (*hold, time.Duration, error) {
+	late := func(why error) (*hold, time.Duration, error) {
 		c.abandon(s, holdID)
-		return nil, lateRetry, fmt.Errorf("%w: %q: %w", ErrNotObtained, s.name, errLateReply)
+		return nil, lateRetry, fmt.Errorf("%w: %q: %w", ErrNotObtained, s.name, why)
 	}
 	if c.since(sent) >= s.cfg.safeLease(ttl) {
-		return late()
+		return late(errLateReply)
 	}
 	h := &hold{
 		c: c, name: s.name, keys: k, cfg: s.cfg, owner: s.owner, holdID: holdID,
@@ -96,12 +96,16 @@ func (c *Client) tryHold(ctx context.Context, s holdSpec, queue bool) (*hold, ti
 	}
 	if !h.valid() {
 		// The deadline passed while the hold was being tracked (its timer may have ended it
-		// already), or a push or Close ended it the moment it was taken.
+		// already), or a push ended it the moment it was taken: no lease was handed out, so
+		// the caller has not obtained the lock. Close is reported as such.
 		h.lose(errLateReply)
-		if err := h.lossErr(); errors.Is(err, errLateReply) || errors.Is(err, errDeadline) || errors.Is(err, errFixedLeaseOver) {
-			return late()
+		if err := c.checkOpen(); err != nil {
+			return nil, 0, fmt.Errorf("%w: lock %q", err, s.name)
 		}
-		return nil, 0, h.lossErr()
+		if err := h.lossErr(); errors.Is(err, errLateReply) || errors.Is(err, errDeadline) || errors.Is(err, errFixedLeaseOver) {
+			return late(errLateReply)
+		}
+		return late(errLostAtOnce)
 	}
 	return h, 0, nil
 }

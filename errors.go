@@ -5,8 +5,10 @@ import "errors"
 // Sentinel errors. Compare with errors.Is: dlock wraps them with the lock name and the cause,
 // and joins them with ctx.Err() when a context ended the wait.
 var (
-	// ErrNotObtained means another owner holds the lock: TryLock found it taken, or Lock's
-	// context ended before it was free (then the error also matches ctx.Err()).
+	// ErrNotObtained means the caller did not get the lock: TryLock found it taken (or its
+	// attempt's reply came after the lease's safe deadline, so the lease would have been over
+	// already), or Lock's context ended before it was free (then the error also matches
+	// ctx.Err()).
 	ErrNotObtained = errors.New("dlock: not obtained")
 
 	// ErrNotHeld means the caller no longer holds the lock: the lease was lost before Unlock or
@@ -38,4 +40,5 @@ var (
 	errRenewRefused   = errors.New("renewal refused: owner no longer holds the lock")
 	errFixedLeaseOver = errors.New("fixed lease TTL ran out")
 	errLateReply      = errors.New("the acquire's reply arrived after the lease's safe deadline")
+	errLostAtOnce     = errors.New("the lock was lost the moment it was taken")
 )

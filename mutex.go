@@ -61,7 +61,7 @@ func (m *Mutex) Owner() string {
 
 // TryLock makes one attempt to take the lock. It returns a held Lease, or an error matching
 // ErrNotObtained when another owner holds the lock (or, with cohorting, another goroutine of
-// this Client holds or waits for it), ErrInvalid for a bad name or option, ErrClosed after
+// this Client holds or waits for it, or the reply came too late to start a lease), ErrInvalid for a bad name or option, ErrClosed after
 // Client.Close, or the Redis error that stopped the attempt. If this handle already holds the
 // lock, TryLock re-enters it at once.
 func (m *Mutex) TryLock(ctx context.Context) (*Lease, error) {

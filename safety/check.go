@@ -175,12 +175,14 @@ func checkLock(ops []op, ttl time.Duration, single bool, v *verdict) {
 	}
 }
 
-// doubleGrants counts acquires B granted while an earlier grant A, to another client, could
-// not have expired and had not been released. A is the grant that returned last before B was
-// called: the one certainly before B in real time (a client paused between its acquire and
-// recording the return makes return order differ from grant order, which porcupine handles).
-// A could not have expired before its acquire call + TTL × (1 − drift), nor before the end
-// of the window its holder last read (renewals included).
+// doubleGrants counts acquires B granted while another client's lease A certainly still
+// held the lock in Redis. A's hold certainly exists over [A's return, E_A), where E_A is the
+// later of its acquire call + TTL × (1 − drift) and the end of the window its holder last
+// read (renewals included), cut at the call of a release of A that succeeded or may have
+// (unknown outcome). B is a double grant if its own such interval meets A's, or if its
+// grant instant, somewhere in [B's call, B's return], certainly falls in A's interval. A
+// client paused between a grant and recording its return only shrinks these intervals, so
+// the count stays sound under SIGSTOP.
 func doubleGrants(acquires, ops []op, ttl time.Duration) int {
 	released := map[leaseID]int64{} // release call (ok or unknown outcome)
 	for _, o := range ops {
@@ -188,27 +190,34 @@ func doubleGrants(acquires, ops []op, ttl time.Duration) int {
 			released[leaseID{o.Client, o.Acq}] = o.Call
 		}
 	}
+	lease := int64(float64(ttl) * (1 - drift))
+	held := func(a op) int64 { // end of the interval A certainly holds
+		end := max(a.Call+lease, a.Until)
+		if rc, ok := released[leaseID{a.Client, a.Call}]; ok {
+			end = min(end, rc)
+		}
+		return end
+	}
 	byRet := append([]op(nil), acquires...)
 	sort.Slice(byRet, func(i, j int) bool { return byRet[i].Return < byRet[j].Return })
-	byCall := append([]op(nil), acquires...)
-	sort.Slice(byCall, func(i, j int) bool { return byCall[i].Call < byCall[j].Call })
-	lease := int64(float64(ttl) * (1 - drift))
-	n, k := 0, 0
-	for _, b := range byCall {
-		for k < len(byRet) && byRet[k].Return < b.Call {
-			k++
+	ends := make([]int64, len(byRet))
+	for i, a := range byRet {
+		ends[i] = held(a)
+	}
+	n := 0
+	for i, b := range byRet {
+		for j := i - 1; j >= 0 && j >= i-512; j-- {
+			a := byRet[j]
+			if a.Client == b.Client || ends[j] <= a.Return {
+				continue
+			}
+			meets := ends[i] > b.Return && b.Return < ends[j] // a.Return <= b.Return by the order
+			inside := a.Return <= b.Call && b.Return < ends[j]
+			if meets || inside {
+				n++
+				break
+			}
 		}
-		if k == 0 {
-			continue
-		}
-		a := byRet[k-1]
-		if a.Client == b.Client || b.Return >= max(a.Call+lease, a.Until) {
-			continue
-		}
-		if rc, ok := released[leaseID{a.Client, a.Call}]; ok && rc < b.Return {
-			continue
-		}
-		n++
 	}
 	return n
 }

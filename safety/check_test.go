@@ -32,6 +32,9 @@ func TestDoubleGrants(t *testing.T) {
 		// Client 2 was granted at about 0 but paused before it recorded its return; client 1,
 		// waiting since -50, was granted when client 2's lease expired and returned at 101
 		// with a window to 200. Return order is not grant order here.
+		// c1 holds [0,1] and releases at 5; c2 is granted [3,6] and holds to 102; c3, waiting
+		// since 2, returns at 50 while c2 certainly holds.
+		{"a waiter granted while another holds", []op{acq(1, 0, 1, 1), rel(1, 0, 5, "ok"), acq(2, 3, 6, 2), acq(3, 2, 50, 3)}, 1},
 		{"paused grantee returns late", []op{acq(2, -10, 120, 1), func() op { o := acq(1, -50, 101, 2); o.Until = 200 * ms; return o }()}, 0},
 	}
 	for _, c := range cases {

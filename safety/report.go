@@ -47,7 +47,7 @@ func writeReport(dir string, results []result, info runInfo) error {
 		pp.work, writeMargin)
 	p("dlock's options: `WithTTL(%v)`, `WithDrift(%.2f)`, `WithFixedLease()` (renewing scenarios: the watchdog, and %v of work), `WithoutCohort()` ",
 		pp.ttl, drift, pp.ttl*3/2)
-	p("(so every acquisition is a Redis acquisition of its own). Scenarios run %v each (F1: %v). ", pp.dur, pp.longDur)
+	p("(so every acquisition is a Redis acquisition of its own; the cohort path is covered by the unit tests, not here), a fresh handle per round. Scenarios run %v each (F1: %v). ", pp.dur, pp.longDur)
 	p("Every operation is recorded with its call and return times on `CLOCK_MONOTONIC` (one clock for all processes), its fencing token and ok / fail / unknown (a lost reply).\n\n")
 
 	p("## What is guaranteed, and what is counted\n\n")
@@ -57,12 +57,12 @@ func writeReport(dir string, results []result, info runInfo) error {
 	p("after one with a higher token, so fencing protects the resource beyond the windows. Counted for each scenario:\n\n")
 	p("- **leases lost** (not a violation): leases that ended (Done) before their holder released them;\n")
 	p("- **overlaps**: two clients' validity windows on one lock overlapping;\n")
-	p("- **double grants**: an acquire returning while the grant before it (the last to return before it was called), to another client, could not have expired (before its acquire call + TTL × (1 − drift) and before the end of the window its holder last read) and had not been released;\n")
+	p("- **double grants**: a grant while another client's lease certainly still held the lock in Redis (from its acquire's return until the later of its acquire call + TTL × (1 − drift) and the end of the window its holder last read, cut at a release that succeeded or may have);\n")
 	p("- **token regressions**: an acquire whose fencing token is not above the token of an acquire that returned before it was called;\n")
 	p("- **stale accepted**: the fenced register accepting a write after a higher token's write had returned (seen by a later write or read);\n")
 	p("- **lost updates**: successful read-modify-write increments minus the final counters (lock-set workload; a lower bound when increments had unknown outcomes);\n")
 	p("- **foreign**: a release or extend that succeeded after another client acquired the lock since the caller's acquire;\n")
-	p("- **expired**: a single TryLock attempt that returned a lease later than its call + TTL × (1 − drift) + %v, i.e. a lease already over when handed out;\n", expiredSlack)
+	p("- **expired**: a single TryLock attempt (F2 makes them) that returned a lease later than its call + TTL × (1 − drift) + %v (an allowance for the client being descheduled), i.e. a lease already over when handed out;\n", expiredSlack)
 	p("- **porcupine**: each lock's history checked for linearizability with [porcupine](https://github.com/anishathalye/porcupine) against a lease-aware, owner-aware, fenced mutex model ")
 	p("(an acquire is legal only if the lock is free or the holder's lease could have expired, with a token above every earlier one; only the holder releases or extends; ")
 	p("the register accepts a token at least its highest and reads return its highest); operations with unknown outcomes may take effect at any time after their call or not at all. ")
