@@ -117,7 +117,7 @@ func checkLock(ops []op, ttl time.Duration, single bool, v *verdict) {
 	acqReturn := map[leaseID]int64{}
 	for _, a := range acquires {
 		acqReturn[leaseID{a.Client, a.Call}] = a.Return
-		if single && a.Return > a.Call+int64(float64(ttl)*(1-drift))+int64(expiredSlack) {
+		if single && a.Return > a.Call+safeLease(ttl)+int64(expiredSlack) {
 			v.ExpiredHandedOut++
 		}
 		end := a.Until
@@ -190,7 +190,7 @@ func doubleGrants(acquires, ops []op, ttl time.Duration) int {
 			released[leaseID{o.Client, o.Acq}] = o.Call
 		}
 	}
-	lease := int64(float64(ttl) * (1 - drift))
+	lease := safeLease(ttl)
 	held := func(a op) int64 { // end of the interval A certainly holds
 		end := max(a.Call+lease, a.Until)
 		if rc, ok := released[leaseID{a.Client, a.Call}]; ok {

@@ -128,10 +128,10 @@ type held struct {
 
 // deadline returns the end of the validity window as the client knows it now, recording it in
 // the acquire op, or 0 if the lease has ended.
-func (h *held) deadline(ttl time.Duration, drift float64) int64 {
+func (h *held) deadline(ttl time.Duration) int64 {
 	now := mono()
 	if h.lease == nil {
-		return h.acq.Call + int64(float64(ttl)*(1-drift))
+		return h.acq.Call + safeLease(ttl)
 	}
 	select {
 	case <-h.lease.Done():
@@ -186,7 +186,7 @@ func (w *worker) acquire(ctx context.Context, i int) *held {
 			return nil // held without a token: the key expires within its TTL
 		}
 		h := &held{lock: i, acq: op{Lock: i, Kind: "acquire", Call: call, Return: mono(), Token: tok, Result: "ok"}}
-		h.acq.Until = h.deadline(s.TTL, s.Drift)
+		h.acq.Until = h.deadline(s.TTL)
 		return h
 	}
 	m := w.c.Mutex(name)
@@ -210,7 +210,7 @@ func (w *worker) acquire(ctx context.Context, i int) *held {
 			return nil
 		}
 		h := &held{lock: i, lease: l, acq: op{Lock: i, Kind: "acquire", Call: call, Return: ret, Token: l.Token(), Result: "ok"}}
-		h.deadline(s.TTL, s.Drift)
+		h.deadline(s.TTL)
 		return h
 	}
 }
@@ -243,7 +243,7 @@ func (w *worker) critical(ctx context.Context, h *held) {
 	step := min(s.Work, s.TTL/4)
 	extended := false
 	for done := time.Duration(0); done < s.Work; done += step {
-		if dl := h.deadline(s.TTL, s.Drift); dl == 0 || dl-mono() < int64(step+writeMargin) {
+		if dl := h.deadline(s.TTL); dl == 0 || dl-mono() < int64(step+writeMargin) {
 			return // not enough of the lease left: a correct holder stops here
 		}
 		time.Sleep(step)
@@ -276,7 +276,7 @@ func (w *worker) release(ctx context.Context, h *held) {
 	if h.lease == nil {
 		err = w.rdb.Del(ctx, fmt.Sprintf("weak:{safety-%d}", h.lock)).Err() // deletes whoever holds it
 	} else {
-		h.deadline(w.spec.TTL, w.spec.Drift)
+		h.deadline(w.spec.TTL)
 		err = h.lease.Unlock(ctx)
 	}
 	w.r.rec(op{Lock: h.lock, Kind: "release", Call: rc, Return: mono(), Token: h.acq.Token, Acq: h.acq.Call, Result: outcomeOf(err, "fail")})

@@ -47,7 +47,7 @@ type mutexInput struct {
 }
 
 func mutexModel(ttl time.Duration) porcupine.Model {
-	lease := int64(float64(ttl) * (1 - drift))
+	lease := safeLease(ttl)
 	step := func(st, in, _ interface{}) []interface{} {
 		s, o := st.(mutexState), in.(mutexInput)
 		switch o.kind {

@@ -18,6 +18,10 @@ import (
 // drift is the clients' WithDrift: a lease's validity window is TTL × (1 − drift).
 const drift = 0.01
 
+// safeLease is a lease's validity window in nanoseconds, TTL × (1 − drift): every counter and
+// the model measure "could have expired" with it.
+func safeLease(ttl time.Duration) int64 { return int64(float64(ttl) * (1 - drift)) }
+
 // A scenario is one workload under one fault.
 type scenario struct {
 	Name     string `json:"name"`
