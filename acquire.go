@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"time"
 
 	"github.com/dlock-go/dlock/internal/scripts"
@@ -33,10 +34,11 @@ type holdSpec struct {
 
 // tryHold runs the acquire script once. With queue set, a caller that does not get the lock
 // joins (or stays in, refreshing its liveness) the lock's FIFO. When the lock is not obtained
-// it returns ErrNotObtained and how long to wait before trying again.
+// it returns ErrNotObtained and how long to wait before trying again; when Redis gave no
+// definite answer, an error matching ErrUnavailable.
 func (c *Client) tryHold(ctx context.Context, s holdSpec, queue bool) (*hold, time.Duration, error) {
 	if err := ctx.Err(); err != nil {
-		return nil, 0, errors.Join(fmt.Errorf("%w: %q", ErrNotObtained, s.name), err)
+		return nil, 0, notObtained(s.name, err)
 	}
 	if err := c.checkOpen(); err != nil {
 		return nil, 0, fmt.Errorf("%w: lock %q", err, s.name)
@@ -60,9 +62,9 @@ func (c *Client) tryHold(ctx context.Context, s holdSpec, queue bool) (*hold, ti
 			c.abandon(s, holdID)
 		}
 		if cerr := ctx.Err(); cerr != nil {
-			return nil, 0, errors.Join(fmt.Errorf("%w: %q", ErrNotObtained, s.name), cerr)
+			return nil, 0, notObtained(s.name, cerr)
 		}
-		return nil, 0, fmt.Errorf("dlock: lock %q: %w", s.name, err)
+		return nil, 0, redisErr("lock", s.name, err)
 	}
 	if len(res) < 2 {
 		return nil, 0, fmt.Errorf("dlock: lock %q: unexpected acquire reply %v", s.name, res)
@@ -72,14 +74,17 @@ func (c *Client) tryHold(ctx context.Context, s holdSpec, queue bool) (*hold, ti
 		if res[1] < 0 {
 			wait = time.Second // a key without TTL (set by hand): re-check now and then
 		}
-		return nil, max(wait, time.Millisecond), fmt.Errorf("%w: %q", ErrNotObtained, s.name)
+		if len(res) > 2 && res[2] == 1 {
+			return nil, max(wait, time.Millisecond), notObtained(s.name, errForeignValue)
+		}
+		return nil, max(wait, time.Millisecond), notObtained(s.name)
 	}
 	// A reply that came after the lease's safe deadline (a slow network) must not start a
 	// lease that is already over: drop the hold in Redis and let the caller try again a
 	// little later. Decided before the hold is tracked, so no deadline timer races with it.
 	late := func(why error) (*hold, time.Duration, error) {
 		c.abandon(s, holdID)
-		return nil, lateRetry, fmt.Errorf("%w: %q: %w", ErrNotObtained, s.name, why)
+		return nil, lateRetry, notObtained(s.name, why)
 	}
 	if c.since(sent) >= s.cfg.safeLease(ttl) {
 		return late(errLateReply)
@@ -90,7 +95,7 @@ func (c *Client) tryHold(ctx context.Context, s holdSpec, queue bool) (*hold, ti
 	}
 	if err := c.track(ctx, h, sent); err != nil {
 		// The Client closed while the script ran: give the hold back.
-		_, _ = h.release(context.WithoutCancel(ctx))
+		c.abandon(s, holdID)
 		h.end(err, false)
 		return nil, 0, fmt.Errorf("%w: lock %q", err, s.name)
 	}
@@ -110,35 +115,58 @@ func (c *Client) tryHold(ctx context.Context, s holdSpec, queue bool) (*hold, ti
 	return h, 0, nil
 }
 
+// Backoff of a waiter while Redis gives no definite answer (a failover, a restart): short
+// enough that a lock whose master was just promoted is taken within a fraction of a second.
+const (
+	minUnavailableRetry = 10 * time.Millisecond
+	maxUnavailableRetry = 200 * time.Millisecond
+)
+
 // waitHold takes a hold, waiting in the lock's FIFO until a release grants it or ctx ends.
 // It subscribes to the lock's channel before an attempt that may leave it waiting, so a grant
 // cannot be missed, and re-tries at the holder's remaining TTL or the liveness refresh,
 // whichever comes first (the retry also refreshes its place in the queue). It does not poll
 // otherwise. With contended set (the caller knows the lock is taken) or when the channel is
 // already subscribed, it subscribes before its first attempt, saving one; otherwise the first
-// attempt goes without, so an uncontended lock costs no subscription.
+// attempt goes without, so an uncontended lock costs no subscription. While Redis is
+// unavailable it retries with backoff, asking the client to refresh its view of the topology.
 func (c *Client) waitHold(ctx context.Context, s holdSpec, contended bool) (*hold, error) {
 	n := c.notifierFor(ctx, s.keys.lock)
 	var sub *subscription
 	if n != nil && (contended || n.subscribed(s.keys.channel)) {
 		sub = n.subscribe(ctx, s.keys.channel, s.owner)
-		defer sub.close()
+		defer func() { sub.close() }()
 	}
 	timer := time.NewTimer(0)
 	defer timer.Stop()
+	var failing error // the last ErrUnavailable, while Redis keeps failing
+	backoff := time.Duration(0)
 	for {
 		h, wait, err := c.tryHoldShallow(ctx, s)
-		if h != nil || !errors.Is(err, ErrNotObtained) {
-			if err != nil && (ctx.Err() != nil || c.checkOpen() != nil) {
-				c.leaveQueue(s)
+		switch {
+		case h != nil:
+			return h, nil
+		case errors.Is(err, ErrUnavailable):
+			failing = err
+			c.topologyMayHaveChanged(ctx)
+			backoff = min(max(2*backoff, minUnavailableRetry), maxUnavailableRetry)
+			wait = backoff/2 + rand.N(backoff/2+1)
+		case errors.Is(err, ErrNotObtained) && ctx.Err() == nil:
+			failing, backoff = nil, 0
+		default:
+			if ctx.Err() != nil || c.checkOpen() != nil {
+				c.leaveQueueLater(s)
 			}
-			return h, err
+			if ctx.Err() != nil && failing != nil {
+				return nil, notObtained(s.name, ctx.Err(), failing)
+			}
+			return nil, err
 		}
-		if sub == nil && n != nil {
+		if sub == nil && n != nil && failing == nil {
 			// Subscribe, then attempt again at once: a grant between the attempt and the
 			// subscription would otherwise go unnoticed until the next retry.
 			sub = n.subscribe(ctx, s.keys.channel, s.owner)
-			defer sub.close()
+			defer func() { sub.close() }()
 			continue
 		}
 		var wake <-chan struct{}
@@ -152,10 +180,10 @@ func (c *Client) waitHold(ctx context.Context, s holdSpec, contended bool) (*hol
 		timer.Reset(wait)
 		select {
 		case <-ctx.Done():
-			c.leaveQueue(s)
-			return nil, errors.Join(fmt.Errorf("%w: %q", ErrNotObtained, s.name), ctx.Err())
+			c.leaveQueueLater(s)
+			return nil, notObtained(s.name, ctx.Err(), failing)
 		case <-c.bg.Done():
-			c.leaveQueue(s)
+			c.leaveQueueLater(s)
 			return nil, fmt.Errorf("%w: lock %q", ErrClosed, s.name)
 		case <-wake:
 		case <-timer.C:
@@ -165,46 +193,68 @@ func (c *Client) waitHold(ctx context.Context, s holdSpec, contended bool) (*hol
 
 // tryHoldShallow runs a queued attempt on a short-lived goroutine. A waiter's own goroutine
 // then never grows the deep stack of a Redis call, which it would keep while it waits: with
-// thousands of waiters that is most of their memory.
+// thousands of waiters that is most of their memory. Close ends the wait at once; the attempt
+// itself is cut short when Close gives up on clean-up, and a hold it took is given back.
 func (c *Client) tryHoldShallow(ctx context.Context, s holdSpec) (*hold, time.Duration, error) {
 	type result struct {
 		h    *hold
 		wait time.Duration
 		err  error
 	}
+	if !c.goBackground() {
+		return nil, 0, fmt.Errorf("%w: lock %q", ErrClosed, s.name)
+	}
 	done := make(chan result, 1)
 	go func() {
-		h, wait, err := c.tryHold(ctx, s, true)
+		defer c.wg.Done()
+		actx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		stop := context.AfterFunc(c.cleanup, cancel)
+		defer stop()
+		h, wait, err := c.tryHold(actx, s, true)
 		done <- result{h, wait, err}
 	}()
-	r := <-done
-	return r.h, r.wait, r.err
+	select {
+	case r := <-done:
+		return r.h, r.wait, r.err
+	case <-c.bg.Done():
+		return nil, 0, fmt.Errorf("%w: lock %q", ErrClosed, s.name)
+	}
 }
 
-// leaveQueue takes a waiter that gave up out of the lock's queue; if a release granted it the
-// lock meanwhile, the lock goes on to the next waiter.
-func (c *Client) leaveQueue(s holdSpec) {
-	ctx, cancel := context.WithTimeout(context.Background(), leaveTimeout)
-	defer cancel()
-	_, _ = runRelease(ctx, c, s.keys, s.owner, "", releaseLeavingQueue)
+// topologyMayHaveChanged runs when Redis gave no definite answer: a Cluster client is asked to
+// reload its slot map (go-redis reloads it only on MOVED or every minute otherwise, and a
+// reload request is rate-limited, so waiters keep asking until the slot's new master answers).
+func (c *Client) topologyMayHaveChanged(ctx context.Context) {
+	if cc, ok := c.rdb.(*redis.ClusterClient); ok {
+		cc.ReloadState(ctx)
+	}
+}
+
+// leaveQueueLater takes a waiter that gave up out of the lock's queue in the background (the
+// waiter returns at once); if a release granted it the lock meanwhile, the lock goes on to the
+// next waiter.
+func (c *Client) leaveQueueLater(s holdSpec) {
+	if !c.goBackground() {
+		return // the Client is gone: the entry is skipped once its liveness runs out
+	}
+	go func() {
+		defer c.wg.Done()
+		ctx, cancel := context.WithTimeout(c.cleanup, leaveTimeout)
+		defer cancel()
+		_, _ = runRelease(ctx, c, s.keys, s.owner, "", releaseLeavingQueue)
+	}()
 }
 
 // abandon undoes, in the background, an acquire whose reply was lost, if Redis applied it.
 func (c *Client) abandon(s holdSpec, holdID string) {
 	if !c.goBackground() {
-		return // closing: the hold, if any, expires within its TTL
+		return // the Client is gone: the hold, if any, expires within its TTL
 	}
 	go func() {
 		defer c.wg.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), abandonTimeout)
+		ctx, cancel := context.WithTimeout(c.cleanup, abandonTimeout)
 		defer cancel()
 		_, _ = runRelease(ctx, c, s.keys, s.owner, holdID, releaseIfAcquired)
 	}()
-}
-
-// isRedisReply tells an error Redis answered (the script did not change anything) from a
-// transport failure or timeout, after which the script may or may not have run.
-func isRedisReply(err error) bool {
-	var rerr redis.Error
-	return errors.As(err, &rerr) && !errors.Is(err, context.DeadlineExceeded)
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -15,6 +16,10 @@ import (
 
 // abandonTimeout bounds the background clean-up of an acquire whose reply was lost.
 const abandonTimeout = 5 * time.Second
+
+// CloseTimeout bounds how long Client.Close spends giving leases back and letting background
+// clean-up finish when its ctx has no earlier deadline.
+const CloseTimeout = 2 * time.Second
 
 // A Client makes locks on one Redis deployment. It owns the background work its leases share:
 // one renewer that batches every lease's watchdog renewal, and one notification connection
@@ -31,12 +36,18 @@ type Client struct {
 	publishCmd string // PUBLISH, or SPUBLISH on Redis Cluster
 	clock      func() time.Time
 
-	bg   context.Context // background work's context, cancelled by Close
-	stop context.CancelFunc
-	wg   sync.WaitGroup
+	log        *slog.Logger
+
+	bg          context.Context // background work's context, cancelled when Close starts
+	stop        context.CancelFunc
+	cleanup     context.Context // clean-up calls' context, cancelled when Close gives up on them
+	stopCleanup context.CancelFunc
+	wg          sync.WaitGroup
+	checkOnce   sync.Once
 
 	mu        sync.Mutex
 	closed    bool
+	drained   bool                 // Close ended background clean-up: no new goroutine starts
 	renewing  bool                 // the renewer goroutine was started
 	notifiers map[string]*notifier // by node address
 	holds     map[*hold]struct{}
@@ -63,9 +74,14 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 		c.publishCmd = "SPUBLISH" // one shard, not the whole cluster bus
 	}
 	c.bg, c.stop = context.WithCancel(context.Background())
+	c.cleanup, c.stopCleanup = context.WithCancel(context.Background())
 	c.err = c.cfg.validate()
-	if rdb == nil {
+	if isNil(rdb) {
 		c.err = fmt.Errorf("%w: nil Redis client", ErrInvalid)
+	}
+	c.log = c.cfg.logger
+	if c.log == nil {
+		c.log = slog.New(slog.DiscardHandler)
 	}
 	c.clock = c.cfg.clock
 	if c.clock == nil {
@@ -75,10 +91,14 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	return c
 }
 
-// Close ends the Client: it releases every lease still held (best effort, bounded by ctx),
-// ends them with ErrClosed, stops renewal and closes the notification connections. Leases it
-// could not release expire within their TTL. Lock and TryLock fail with ErrClosed afterwards.
-// Close does not close rdb. It returns the first release error, if any.
+// Close ends the Client: every Lock and TryLock still waiting returns ErrClosed at once; every
+// lease still held is released (best effort) and ends with ErrClosed; renewal stops and the
+// notification connections close. Leases it could not release expire within their TTL. Lock
+// and TryLock fail with ErrClosed afterwards. Close does not close rdb.
+//
+// Close returns within CloseTimeout (or by ctx's deadline, if sooner), plus at most one
+// go-redis read timeout for calls already in flight when Redis is down. It returns the
+// release errors, if any.
 func (c *Client) Close(ctx context.Context) error {
 	c.mu.Lock()
 	if c.closed {
@@ -95,21 +115,39 @@ func (c *Client) Close(ctx context.Context) error {
 	c.notifiers = nil
 	c.mu.Unlock()
 
-	var first error
-	for _, h := range held {
+	rctx, cancel := context.WithTimeout(ctx, CloseTimeout)
+	defer cancel()
+	errs := make([]error, len(held))
+	var wg sync.WaitGroup
+	for i, h := range held {
 		if !h.beginRelease() {
 			continue
 		}
-		if _, err := h.release(ctx); err != nil && first == nil {
-			first = fmt.Errorf("dlock: close: release %q: %w", h.name, err)
-		}
-		h.end(ErrClosed, true)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := h.release(rctx); err != nil {
+				errs[i] = redisErr("close: release", h.name, err)
+			}
+			h.end(ErrClosed, true)
+		}()
 	}
+	wg.Wait()
+	// Background clean-up (releases of failed Unlocks, abandoned acquires, waiters leaving
+	// the queue) may finish within the same bound, then is cut short.
+	go func() {
+		<-rctx.Done()
+		c.stopCleanup()
+	}()
+	c.mu.Lock()
+	c.drained = true
+	c.mu.Unlock()
 	c.wg.Wait()
+	c.stopCleanup()
 	for _, n := range nots {
 		n.close()
 	}
-	return first
+	return join(errs...)
 }
 
 func (c *Client) checkOpen() error {
@@ -161,12 +199,13 @@ func (c *Client) track(ctx context.Context, l *hold, sent time.Time) error {
 }
 
 // goBackground reserves a slot for a background goroutine (the caller starts it and calls
-// c.wg.Done when it ends). It reports false once the Client is closing, so Close's Wait never
-// races with a new Add.
+// c.wg.Done when it ends). It reports false once Close has stopped background work, so
+// Close's Wait never races with a new Add; until then Close waits for them (bounded by
+// c.cleanup, which their Redis calls use).
 func (c *Client) goBackground() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.closed {
+	if c.drained {
 		return false
 	}
 	c.wg.Add(1)
@@ -218,6 +257,22 @@ func (c *Client) nextHoldID() string {
 }
 
 func newOwnerID() string { return randomHex(16) }
+
+// isNil reports a nil client, including a typed nil pointer in the interface, whose methods
+// would panic.
+func isNil(rdb redis.UniversalClient) bool {
+	switch r := rdb.(type) {
+	case nil:
+		return true
+	case *redis.Client:
+		return r == nil
+	case *redis.ClusterClient:
+		return r == nil
+	case *redis.Ring:
+		return r == nil
+	}
+	return false
+}
 
 func randomHex(n int) string {
 	b := make([]byte, n)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 )
@@ -34,15 +35,15 @@ const (
 // Lease with a token from the hold's block, so tokens still rise across every holder.
 type cohort struct {
 	c    *Client
-	spec holdSpec // owner: the Client's id; cfg: the first handle's
+	key  string   // in the Client's table: lock key + settings (cohortVariant)
+	spec holdSpec // owner: the Client's id (+ settings); cfg: the handles' settings
 
 	mu      sync.Mutex
 	dead    bool // removed from the Client's table; callers must look up afresh
 	h       *hold
 	next    uint64    // next token of h's block to hand out
 	since   time.Time // when h was taken
-	holder  *Mutex    // handle holding the lock locally, nil if none
-	leases  []*Lease  // holder's leases: the outer one and its re-entries
+	cur     *holding  // the local holder's holding, nil if none
 	queue   []*cohortWaiter
 	busy    bool               // a goroutine is taking or releasing the Redis hold
 	stopAcq context.CancelFunc // ends the acquirer's Redis wait when the queue empties
@@ -52,6 +53,7 @@ type cohort struct {
 
 type cohortWaiter struct {
 	m     *Mutex
+	ctx   context.Context  // the waiter's: a waiter whose ctx is done is not granted the lock
 	ready chan grantResult // buffered 1
 }
 
@@ -60,17 +62,35 @@ type grantResult struct {
 	err error
 }
 
-// cohortFor returns the Client's cohort for m's lock, creating it on first use.
+// cohortFor returns the Client's cohort for m's lock and settings, creating it on first use.
 func (c *Client) cohortFor(m *Mutex) *cohort {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	co := c.cohorts[m.keys.lock]
+	co := c.cohorts[m.cohort]
 	if co == nil {
 		k := lockKeys(m.cfg.keyPrefix(), m.name)
-		co = &cohort{c: c, spec: holdSpec{name: m.name, keys: k, cfg: m.cfg, owner: c.id, reentrant: false}}
-		c.cohorts[m.keys.lock] = co
+		owner := c.id + m.cohort[len(m.keys.lock):]
+		co = &cohort{c: c, key: m.cohort, spec: holdSpec{name: m.name, keys: k, cfg: m.cfg, owner: owner, reentrant: false}}
+		c.cohorts[m.cohort] = co
 	}
 	return co
+}
+
+// cohortVariant names the settings a cohort's hold is taken with (TTL, lease mode, drift),
+// "" for the defaults. Handles that differ in them are served by different cohorts, whose
+// owner ids differ, so each handle's lease is always taken with its own settings.
+func cohortVariant(cfg config) string {
+	if !cfg.ttlSet && !cfg.fixedLease && cfg.drift == nil {
+		return ""
+	}
+	v := "/" + strconv.FormatInt(cfg.leaseTTL().Milliseconds(), 10)
+	if cfg.fixedLease {
+		v += "f"
+	}
+	if cfg.drift != nil {
+		v += "/" + strconv.FormatFloat(*cfg.drift, 'g', -1, 64)
+	}
+	return v
 }
 
 // cohortLock takes the lock for handle m: at once if m already holds it (re-entry) or the Client
@@ -105,19 +125,13 @@ func (co *cohort) lock(ctx context.Context, m *Mutex, wait bool) (l *Lease, w *c
 		co.mu.Unlock()
 		return nil, nil, fmt.Errorf("%w: lock %q", err, m.name), false
 	}
-	if co.holder == m && co.h.valid() { // re-entry: same handle, same token
-		l := newLease(m, co.h, co, co.leases[0].token)
-		co.leases = append(co.leases, l)
-		co.mu.Unlock()
-		return l, nil, nil, false
-	}
-	if co.holder == nil && len(co.queue) == 0 && co.canHandOffLocked() {
+	if co.cur == nil && len(co.queue) == 0 && co.canHandOffLocked() {
 		co.stopLingerLocked()
-		l := co.grantLocked(m)
+		l := co.grantLocked(ctx, m)
 		co.mu.Unlock()
 		return l, nil, nil, false
 	}
-	if co.holder == nil && co.h != nil && !co.busy {
+	if co.cur == nil && co.h != nil && !co.busy {
 		// Lingering past the batch bounds: give it back now; this caller queues for the next.
 		co.stopLingerLocked()
 		co.releaseLaterLocked()
@@ -130,7 +144,7 @@ func (co *cohort) lock(ctx context.Context, m *Mutex, wait bool) (l *Lease, w *c
 		co.mu.Lock()
 		co.busy = false
 		if h != nil && co.installLocked(h, false) {
-			l := co.grantLocked(m)
+			l := co.grantLocked(ctx, m)
 			co.mu.Unlock()
 			return l, nil, nil, false
 		}
@@ -142,27 +156,30 @@ func (co *cohort) lock(ctx context.Context, m *Mutex, wait bool) (l *Lease, w *c
 		}
 	} else if !wait {
 		co.mu.Unlock()
-		return nil, nil, fmt.Errorf("%w: %q", ErrNotObtained, m.name), false
+		return nil, nil, notObtained(m.name), false
 	}
-	w = &cohortWaiter{m: m, ready: make(chan grantResult, 1)}
+	w = &cohortWaiter{m: m, ctx: ctx, ready: make(chan grantResult, 1)}
 	co.queue = append(co.queue, w)
 	co.kickLocked()
 	co.mu.Unlock()
 	return nil, w, nil, false
 }
 
-// await waits for w to be served or for ctx to end.
+// await waits for w to be served, for ctx to end or for the Client to close.
 func (co *cohort) await(ctx context.Context, m *Mutex, w *cohortWaiter) (*Lease, error) {
 	select {
 	case r := <-w.ready:
 		return r.l, r.err
 	case <-ctx.Done():
+		return co.giveUp(ctx, m, w, notObtained(m.name, ctx.Err()))
+	case <-co.c.bg.Done():
+		return co.giveUp(ctx, m, w, fmt.Errorf("%w: lock %q", ErrClosed, m.name))
 	}
-	return co.giveUp(ctx, m, w)
 }
 
-// giveUp takes a waiter whose ctx ended out of the queue, passing on a lock granted meanwhile.
-func (co *cohort) giveUp(ctx context.Context, m *Mutex, w *cohortWaiter) (*Lease, error) {
+// giveUp takes a waiter that stops waiting out of the queue, passing on a lock granted
+// meanwhile, and returns err.
+func (co *cohort) giveUp(ctx context.Context, m *Mutex, w *cohortWaiter, err error) (*Lease, error) {
 	co.mu.Lock()
 	if i := slices.Index(co.queue, w); i >= 0 {
 		co.queue = slices.Delete(co.queue, i, i+1)
@@ -176,7 +193,7 @@ func (co *cohort) giveUp(ctx context.Context, m *Mutex, w *cohortWaiter) (*Lease
 			_ = r.l.Unlock(context.WithoutCancel(ctx))
 		}
 	}
-	return nil, errors.Join(fmt.Errorf("%w: %q", ErrNotObtained, m.name), ctx.Err())
+	return nil, err
 }
 
 // canHandOffLocked reports whether the Client's hold may serve one more local holder.
@@ -195,12 +212,11 @@ func (co *cohort) installLocked(h *hold, waited bool) bool {
 	return true
 }
 
-// grantLocked makes m the local holder with the next token of the block.
-func (co *cohort) grantLocked(m *Mutex) *Lease {
-	l := newLease(m, co.h, co, co.next)
+// grantLocked makes m, locking with ctx, the local holder with the next token of the block.
+func (co *cohort) grantLocked(ctx context.Context, m *Mutex) *Lease {
+	co.cur = newHolding(co.h, co, co.next)
 	co.next++
-	co.holder, co.leases = m, []*Lease{l}
-	return l
+	return co.cur.first(ctx, m)
 }
 
 // kickLocked starts a goroutine taking the Redis lock for the local queue, if one is needed.
@@ -239,8 +255,7 @@ func (co *cohort) acquire(ctx context.Context, cancel context.CancelFunc) {
 		co.queue = nil
 	case !co.installLocked(h, true):
 		co.kickLocked() // lost at once: try again for the waiters
-	case len(co.queue) > 0:
-		co.grantHeadLocked()
+	case co.grantHeadLocked():
 	default:
 		h := co.detachLocked() // everyone left meanwhile
 		co.mu.Unlock()
@@ -251,30 +266,33 @@ func (co *cohort) acquire(ctx context.Context, cancel context.CancelFunc) {
 	co.mu.Unlock()
 }
 
-func (co *cohort) grantHeadLocked() {
-	w := co.queue[0]
-	co.queue = co.queue[1:]
-	w.ready <- grantResult{l: co.grantLocked(w.m)}
+// grantHeadLocked makes the first waiter whose ctx is not done the local holder; waiters that
+// gave up are told so on the way. It reports whether anyone was granted.
+func (co *cohort) grantHeadLocked() bool {
+	for len(co.queue) > 0 {
+		w := co.queue[0]
+		co.queue = co.queue[1:]
+		if err := w.ctx.Err(); err != nil {
+			w.ready <- grantResult{err: notObtained(w.m.name, err)}
+			continue
+		}
+		w.ready <- grantResult{l: co.grantLocked(w.ctx, w.m)}
+		return true
+	}
+	return false
 }
 
-// unlock ends local lease l (its state is already releasing): the lock goes to the next local
-// waiter while the batch allows, else back to Redis.
+// unlock lets go of the local holding of l, its last lease (already taken out of it): the
+// lock goes to the next local waiter while the batch allows, else back to Redis.
 func (co *cohort) unlock(ctx context.Context, l *Lease) error {
 	co.mu.Lock()
-	i := slices.Index(co.leases, l)
-	if i < 0 { // the hold was lost and the lease ended meanwhile
+	if co.cur != l.hd { // the hold was lost and the holding ended meanwhile
 		co.mu.Unlock()
+		l.finish(l.hd.h.lossErr(), true)
 		return l.heldErr()
 	}
-	co.leases = slices.Delete(co.leases, i, i+1)
-	if len(co.leases) > 0 { // an inner re-entry: the handle still holds
-		co.mu.Unlock()
-		l.finish(nil, true)
-		return nil
-	}
-	co.holder = nil
-	if len(co.queue) > 0 && co.canHandOffLocked() {
-		co.grantHeadLocked()
+	co.cur = nil
+	if co.canHandOffLocked() && co.grantHeadLocked() {
 		co.mu.Unlock()
 		l.finish(nil, true)
 		return nil
@@ -295,7 +313,7 @@ func (co *cohort) unlock(ctx context.Context, l *Lease) error {
 func (co *cohort) lingerOver() {
 	co.mu.Lock()
 	defer co.mu.Unlock()
-	if co.linger != nil && co.holder == nil && co.h != nil && !co.busy {
+	if co.linger != nil && co.cur == nil && co.h != nil && !co.busy {
 		co.linger = nil
 		co.releaseLaterLocked()
 	}
@@ -366,11 +384,11 @@ func (co *cohort) holdEnded(h *hold, err error) {
 	}
 	co.h, co.busy = nil, true // no new hold until the old leases are told
 	co.stopLingerLocked()
-	leases := co.leases
-	co.holder, co.leases = nil, nil
+	cur := co.cur
+	co.cur = nil
 	co.mu.Unlock()
-	for _, l := range leases {
-		l.finish(err, false)
+	if cur != nil {
+		cur.end(err)
 	}
 	co.mu.Lock()
 	co.busy = false
@@ -382,13 +400,13 @@ func (co *cohort) holdEnded(h *hold, err error) {
 // retireIfIdleLocked removes an idle cohort from the Client's table, so a process that locks
 // millions of names (one per user, say) keeps no state for them.
 func (co *cohort) retireIfIdleLocked() {
-	if co.h != nil || co.busy || co.holder != nil || len(co.queue) > 0 {
+	if co.h != nil || co.busy || co.cur != nil || len(co.queue) > 0 {
 		return
 	}
 	co.dead = true
 	co.c.mu.Lock()
-	if co.c.cohorts[co.spec.keys.lock] == co {
-		delete(co.c.cohorts, co.spec.keys.lock)
+	if co.c.cohorts[co.key] == co {
+		delete(co.c.cohorts, co.key)
 	}
 	co.c.mu.Unlock()
 }

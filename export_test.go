@@ -1,7 +1,7 @@
 package dlock
 
 // Tracked exposes, to tests only, the moment a lease's key is tracked for push loss detection.
-func Tracked(l *Lease) <-chan struct{} { return l.h.tracked }
+func Tracked(l *Lease) <-chan struct{} { return l.hd.h.tracked }
 
 // CohortWaiters tells tests how many goroutines of c wait locally for the lock called name.
 func CohortWaiters(c *Client, name string) int {
@@ -15,6 +15,9 @@ func CohortWaiters(c *Client, name string) int {
 	defer co.mu.Unlock()
 	return len(co.queue)
 }
+
+// LayoutVersion is the key layout, for tests to check against lib.lua.
+const LayoutVersion = layoutVersion
 
 // CohortBlock is the number of tokens a hold reserves, for tests to check against grant.lua.
 const CohortBlock = cohortBlock

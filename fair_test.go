@@ -122,7 +122,7 @@ func TestCohortHandsOffLocallyWithRisingTokens(t *testing.T) {
 	}
 }
 
-func TestCohortReentryIsPerHandle(t *testing.T) {
+func TestCohortReentryIsThroughTheLeaseContext(t *testing.T) {
 	c, _ := newClient(t)
 	ctx := ctxT(t)
 	name := redistest.Name(t)
@@ -131,9 +131,12 @@ func TestCohortReentryIsPerHandle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	inner, err := m.TryLock(ctx)
+	if _, err := m.TryLock(ctx); !errors.Is(err, dlock.ErrNotObtained) {
+		t.Fatalf("same handle without the lease's context: %v, want ErrNotObtained", err)
+	}
+	inner, err := m.TryLock(outer.Context())
 	if err != nil {
-		t.Fatalf("same handle re-entry: %v", err)
+		t.Fatalf("re-entry through the lease's context: %v", err)
 	}
 	if inner.Token() != outer.Token() {
 		t.Fatalf("re-entry token %d, want %d", inner.Token(), outer.Token())

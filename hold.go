@@ -91,7 +91,7 @@ func (h *hold) extend(ctx context.Context, ttl time.Duration) error {
 	sent := h.c.now()
 	n, err := scripts.Extend.Run(ctx, h.c.rdb, []string{h.keys.lock}, h.holdID, ttl.Milliseconds()).Int()
 	if err != nil {
-		return fmt.Errorf("dlock: extend %q: %w", h.name, err)
+		return redisErr("extend", h.name, err)
 	}
 	if n == 0 {
 		h.lose(errRenewRefused)
@@ -136,6 +136,42 @@ func (h *hold) beginRelease() bool {
 // earlier attempt already applied), 0 not held.
 func (h *hold) release(ctx context.Context) (int, error) {
 	return runRelease(ctx, h.c, h.keys, h.owner, h.holdID, releaseNormal)
+}
+
+// releaseLater retries the release of h, whose release got no answer, in the background
+// until Redis answers or the lock's TTL has surely run out, so a failed Unlock does not keep
+// others out for the TTL (the lock may be renewed no more: h has ended). Close bounds it.
+func (h *hold) releaseLater() {
+	h.mu.Lock()
+	from := h.deadlineFrom
+	until := from.Add(h.ttl + time.Duration(float64(h.ttl)*h.cfg.driftFactor()))
+	h.mu.Unlock()
+	if from.IsZero() || !h.c.goBackground() {
+		return
+	}
+	go func() {
+		defer h.c.wg.Done()
+		t := time.NewTimer(0)
+		defer t.Stop()
+		for backoff := 20 * time.Millisecond; ; backoff = min(2*backoff, time.Second) {
+			wait := min(backoff, h.c.until(until))
+			if wait <= 0 {
+				return
+			}
+			t.Reset(wait)
+			select {
+			case <-h.c.cleanup.Done():
+				return
+			case <-t.C:
+			}
+			ctx, cancel := context.WithTimeout(h.c.cleanup, time.Second)
+			_, err := h.release(ctx)
+			cancel()
+			if err == nil || classify(err) != replyUnavailable {
+				return
+			}
+		}
+	}()
 }
 
 type releaseMode int

@@ -20,52 +20,59 @@ type LockInfo struct {
 	Owner     string        `json:"owner,omitempty"`      // the holding owner id ("" when free)
 	HoldCount int           `json:"hold_count,omitempty"` // the owner's re-entrant holds
 	TTL       time.Duration `json:"ttl_ns,omitempty"`     // remaining; -1 when the key has no TTL
-	Token     uint64        `json:"last_token"`           // first token of the last fresh hold (0: never held)
+	Token     uint64        `json:"token,omitempty"`      // first token of the current hold (0 when free)
 	Waiters   int           `json:"waiters"`              // owners queued in Redis (a Client's cohort counts once)
+	// Foreign is set when the lock's key holds something dlock did not write in its current
+	// layout: a value of another type, or a lock of another dlock version.
+	Foreign bool `json:"foreign,omitempty"`
 }
 
 // Inspect reads the state of the lock called name (with this Client's key prefix) in one
-// round trip. A lock that was never taken is reported free with Token 0. It returns ErrInvalid
-// for a bad name and the Redis error if the read fails.
+// round trip. A free lock is reported with Held false and Token 0 (a lock leaves no state in
+// Redis once free and unwaited for). It returns ErrInvalid for a bad name and the Redis error
+// (matching ErrUnavailable when Redis gave no answer) if the read fails.
 func (c *Client) Inspect(ctx context.Context, name string) (LockInfo, error) {
 	if err := c.adminCheck(name); err != nil {
 		return LockInfo{}, err
 	}
 	k := lockKeys(c.cfg.keyPrefix(), name)
 	var fields *redis.MapStringStringCmd
+	var exists, waiters *redis.IntCmd
 	var pttl *redis.DurationCmd
-	var fence *redis.StringCmd
-	var waiters *redis.IntCmd
 	_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		exists = p.Exists(ctx, k.lock)
 		fields = p.HGetAll(ctx, k.lock)
 		pttl = p.PTTL(ctx, k.lock)
-		fence = p.Get(ctx, k.fence)
 		waiters = p.ZCard(ctx, k.queue)
 		return nil
 	})
-	if err != nil && err != redis.Nil {
-		return LockInfo{}, fmt.Errorf("dlock: inspect %q: %w", name, err)
+	if err != nil && !isRedisReply(fields.Err()) {
+		return LockInfo{}, redisErr("inspect", name, err)
 	}
 	info := LockInfo{Name: name, Waiters: int(waiters.Val())}
-	if f, err := strconv.ParseUint(fence.Val(), 10, 64); err == nil && f > 0 {
-		info.Token = f - cohortBlock + 1
+	if exists.Val() == 0 {
+		return info, nil
 	}
-	for field, v := range fields.Val() {
+	info.Held, info.TTL = true, pttl.Val()
+	f := fields.Val()
+	if fields.Err() != nil || f["#v"] != layoutVersion {
+		info.Foreign = true // another type (WRONGTYPE), or another layout
+	}
+	info.Token, _ = strconv.ParseUint(f["#t"], 10, 64)
+	for field, v := range f {
 		if strings.HasPrefix(field, "#") {
-			continue // a per-hold field, not an owner
+			continue // a per-hold or layout field, not an owner
 		}
-		info.Held, info.Owner = true, field
+		info.Owner = field
 		info.HoldCount, _ = strconv.Atoi(v)
-	}
-	if info.Held {
-		info.TTL = pttl.Val()
 	}
 	return info, nil
 }
 
 // Locks lists the locks under this Client's key prefix whose names match the glob pattern
-// ("*" for all), held or free, by name: every lock ever taken keeps its fencing counter, which
-// is what Locks finds. It uses SCAN (never KEYS), on every master of a Cluster.
+// ("*" for all) and that have state in Redis, by name: held, waited for, or recently used (a
+// lock's keys are gone within a minute of its last use, see docs/DESIGN.md). A lock that is
+// free and forgotten is not listed. It uses SCAN (never KEYS), on every master of a Cluster.
 func (c *Client) Locks(ctx context.Context, pattern string) ([]LockInfo, error) {
 	if c.err != nil {
 		return nil, c.err
@@ -74,14 +81,14 @@ func (c *Client) Locks(ctx context.Context, pattern string) ([]LockInfo, error) 
 		pattern = "*"
 	}
 	prefix := c.cfg.keyPrefix()
-	match := globEscape(prefix) + "{" + pattern + "}:fence"
+	match := globEscape(prefix) + "{" + pattern + "}*"
 	seen := map[string]bool{}
 	scan := func(ctx context.Context, node redis.Cmdable) error {
 		iter := node.Scan(ctx, 0, match, 1000).Iterator()
 		for iter.Next(ctx) {
-			key := iter.Val()
-			name := strings.TrimSuffix(strings.TrimPrefix(key, prefix+"{"), "}:fence")
-			seen[name] = true
+			if name, ok := lockName(prefix, iter.Val()); ok {
+				seen[name] = true
+			}
 		}
 		return iter.Err()
 	}
@@ -127,7 +134,7 @@ func (c *Client) ForceRelease(ctx context.Context, name string) (bool, error) {
 	n, err := scripts.ForceRelease.Run(ctx, c.rdb, []string{k.lock, k.opLog, k.fence, k.queue, k.live},
 		opLogTTL.Milliseconds(), k.channel, grantGrace.Milliseconds(), c.publishCmd).Int()
 	if err != nil {
-		return false, fmt.Errorf("dlock: force release %q: %w", name, err)
+		return false, redisErr("force release", name, err)
 	}
 	return n == 1, nil
 }
@@ -137,6 +144,24 @@ func (c *Client) adminCheck(name string) error {
 		return c.err
 	}
 	return validateName(name)
+}
+
+// lockName returns the name of the lock a key belongs to: a lock key ends with "}", its other
+// keys with "}" and one of the suffixes of lockKeys (keys.go).
+func lockName(prefix, key string) (string, bool) {
+	rest, ok := strings.CutPrefix(key, prefix+"{")
+	if !ok {
+		return "", false
+	}
+	if name, ok := strings.CutSuffix(rest, "}"); ok {
+		return name, true
+	}
+	for _, suffix := range lockKeySuffixes {
+		if name, ok := strings.CutSuffix(rest, "}"+suffix); ok {
+			return name, true
+		}
+	}
+	return "", false
 }
 
 // globEscape escapes the glob metacharacters of a literal for SCAN MATCH.

@@ -1,15 +1,33 @@
 package dlock
 
+// layoutVersion is the key layout dlock writes (LAYOUT in internal/scripts/lib.lua, "#v" in
+// every lock hash). Scripts refuse a lock of another layout, so two dlock versions never both
+// hold a lock during an upgrade.
+const layoutVersion = "2"
+
 // keys holds the Redis names of one lock. All of them carry the hash tag {name}, so every
-// script touches a single Redis Cluster slot.
+// script touches a single Redis Cluster slot. A lock that is free and unwaited for leaves none
+// of them behind for long: the lock hash goes with the last hold, the fence key once the
+// server's clock has passed its value (microseconds later), the op log and queue keys after
+// opLogTTL and queueTTL without use.
 type keys struct {
-	lock    string // hash {owner: holdCount} with the lease TTL
-	fence   string // fencing counter, +64 per fresh hold and at least Redis' clock in µs; never expires
-	opLog   string // last acquire/release id per owner, so retried calls are not applied twice
+	lock    string // hash {owner: holdCount, "#"+holdId: 1, "#t": token, "#v": layout} with the lease TTL
+	fence   string // highest token reserved, at least Redis' clock in µs; expires once the clock passes it
+	opLog   string // last release id and pending grant per owner, so retried calls are not applied twice
 	queue   string // sorted set of waiting owners by arrival: first come first served
 	live    string // hash {waiting owner: liveness deadline}, so dead waiters are skipped
 	channel string // pub/sub channel for grants ("g <owner>") and releases ("r")
 }
+
+// Suffixes of a lock's keys after the lock key (see lockKeys).
+const (
+	fenceSuffix = ":fence"
+	logSuffix   = ":log"
+	queueSuffix = ":queue"
+	liveSuffix  = ":live"
+)
+
+var lockKeySuffixes = []string{fenceSuffix, logSuffix, queueSuffix, liveSuffix}
 
 // lockKey is the key of the lock hash; the lock's other keys extend it.
 func lockKey(prefix, name string) string { return prefix + "{" + name + "}" }
@@ -18,10 +36,10 @@ func lockKeys(prefix, name string) keys {
 	base := lockKey(prefix, name)
 	return keys{
 		lock:    base,
-		fence:   base + ":fence",
-		opLog:   base + ":log",
-		queue:   base + ":queue",
-		live:    base + ":live",
+		fence:   base + fenceSuffix,
+		opLog:   base + logSuffix,
+		queue:   base + queueSuffix,
+		live:    base + liveSuffix,
 		channel: base + ":released",
 	}
 }

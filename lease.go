@@ -3,6 +3,7 @@ package dlock
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 )
@@ -18,58 +19,195 @@ const (
 // A Lease is one hold of a lock, returned by Mutex.Lock and Mutex.TryLock. It stays valid
 // until Unlock or until it is lost; Done tells which moment that is.
 //
-// A Lease is safe for concurrent use. Work protected by the lock should stop when Done closes:
-// from then on another owner may hold the lock. Resources that must never see a stale holder
-// should also check Token (see FencedSet).
+// A Lease is safe for concurrent use. Work protected by the lock should stop when Done closes
+// (or, equivalently, when Context is cancelled): from then on another owner may hold the lock.
+// Resources that must never see a stale holder should also check Token (see FencedSet).
+//
+// The methods of a nil *Lease report ErrNotHeld (Unlock, Extend, Err), return a closed Done
+// channel and a cancelled Context, so `defer l.Unlock(ctx)` before the error check is safe.
 type Lease struct {
-	m     *Mutex
-	h     *hold   // the Redis-level hold behind this lease
-	co    *cohort // non-nil when h is the Client's hold shared by a run of local leases
-	token uint64
-	done  chan struct{}
+	m      *Mutex
+	hd     *holding
+	token  uint64
+	done   chan struct{}
+	lockCx context.Context // the ctx given to Lock: Context keeps its values
 
 	mu       sync.Mutex
 	state    leaseState
 	err      error
-	unlocked bool // Unlock reached Redis (or found the lease lost)
+	unlocked bool  // Unlock reached Redis (or found the lease lost)
+	retry    *hold // a hold whose release failed: a later Unlock runs it again
+	ctx      context.Context
+	cancel   context.CancelCauseFunc
 }
 
-// newLease returns a held lease on h. A plain lease (co nil) ends with its hold.
-func newLease(m *Mutex, h *hold, co *cohort, token uint64) *Lease {
-	l := &Lease{m: m, h: h, co: co, token: token, done: make(chan struct{})}
+// A holding is one caller's possession of a lock: the lease Lock returned and its re-entries
+// through Lease.Context share it and its token; the lock is let go when the last of them
+// unlocks, and all of them end when the hold behind them is lost.
+type holding struct {
+	h     *hold
+	co    *cohort // non-nil when h is the Client's cohort hold, passed on locally
+	token uint64
+
+	mu     sync.Mutex
+	leases []*Lease // held leases, the first one first; empty once let go or ended
+	ended  bool
+}
+
+// newHolding returns a holding of h with token. For a plain hold (co nil) it ends with h.
+func newHolding(h *hold, co *cohort, token uint64) *holding {
+	hd := &holding{h: h, co: co, token: token}
 	if co == nil {
-		if ended, err := h.setOnEnd(func(err error) { l.finish(err, false) }); ended {
-			l.finish(err, false)
+		if ended, err := h.setOnEnd(hd.end); ended {
+			hd.end(err)
 		}
+	}
+	return hd
+}
+
+// first returns the holding's first lease, taken by m with ctx. A holding ended in between
+// (lost the moment it was taken) gives a lease that has ended too.
+func (hd *holding) first(ctx context.Context, m *Mutex) *Lease {
+	l := &Lease{m: m, hd: hd, token: hd.token, done: make(chan struct{}), lockCx: ctx}
+	hd.mu.Lock()
+	ended := hd.ended
+	if !ended {
+		hd.leases = append(hd.leases, l)
+	}
+	hd.mu.Unlock()
+	if ended {
+		l.finish(hd.h.lossErr(), false)
 	}
 	return l
 }
 
+// reenter adds a lease to a holding that is still held (a Lock given the lease's context).
+func (hd *holding) reenter(ctx context.Context, m *Mutex) (*Lease, error) {
+	hd.mu.Lock()
+	defer hd.mu.Unlock()
+	if hd.ended || len(hd.leases) == 0 || !hd.h.valid() {
+		return nil, notObtained(m.name, fmt.Errorf("the lease of the context has ended"))
+	}
+	l := &Lease{m: m, hd: hd, token: hd.token, done: make(chan struct{}), lockCx: ctx}
+	hd.leases = append(hd.leases, l)
+	return l, nil
+}
+
+// end ends every lease of the holding with err (the hold was lost, or the Client closed).
+func (hd *holding) end(err error) {
+	hd.mu.Lock()
+	leases := hd.leases
+	hd.leases, hd.ended = nil, true
+	hd.mu.Unlock()
+	for _, l := range leases {
+		l.finish(err, false)
+	}
+}
+
+// drop takes l out of the holding and reports whether it was the last lease, which lets the
+// lock go. It reports held false when the holding had ended (the lease with it).
+func (hd *holding) drop(l *Lease) (held, last bool) {
+	hd.mu.Lock()
+	defer hd.mu.Unlock()
+	i := slices.Index(hd.leases, l)
+	if i < 0 {
+		return false, false
+	}
+	hd.leases = slices.Delete(hd.leases, i, i+1)
+	if len(hd.leases) == 0 {
+		hd.ended = true // no re-entry into a holding that is being let go
+		return true, true
+	}
+	return true, false
+}
+
 // Token returns the lease's fencing token. Tokens of one lock strictly increase with every
-// acquisition, whoever the owner and whichever process; re-entrant holds share their outer
-// hold's token. Tokens are large numbers (at least the Redis server's clock in microseconds,
-// so they survive a restart that lost the counter) and not consecutive. Pass it to the protected resource so it can refuse writes from an older
-// holder.
-func (l *Lease) Token() uint64 { return l.token }
+// acquisition, whoever the owner and whichever process; re-entrant leases share their outer
+// lease's token. Tokens are large numbers (at least the Redis server's clock in microseconds,
+// so they survive a restart that lost the counter) and not consecutive. Pass it to the
+// protected resource so it can refuse writes from an older holder. A nil Lease has token 0.
+func (l *Lease) Token() uint64 {
+	if l == nil {
+		return 0
+	}
+	return l.token
+}
 
-// Name returns the name of the lock this lease holds.
-func (l *Lease) Name() string { return l.m.name }
+// Name returns the name of the lock this lease holds ("" for a nil Lease).
+func (l *Lease) Name() string {
+	if l == nil {
+		return ""
+	}
+	return l.m.name
+}
 
-// Owner returns the owner id of the handle the lease was taken with.
-func (l *Lease) Owner() string { return l.m.Owner() }
+// Owner returns the owner id the lease's hold has in Redis: the handle's WithOwner id, an id
+// made for this lease (a handle without WithOwner), or its Client's cohort id (cohorting).
+// Inspect and `dlock status` show the same id while the lease holds.
+func (l *Lease) Owner() string {
+	if l == nil {
+		return ""
+	}
+	return l.hd.h.owner
+}
 
 // Done returns a channel that is closed when the lease ends: released by Unlock, lost, or
-// ended by Client.Close. Err then tells which.
-func (l *Lease) Done() <-chan struct{} { return l.done }
+// ended by Client.Close. Err then tells which. A nil Lease's channel is closed.
+func (l *Lease) Done() <-chan struct{} {
+	if l == nil {
+		return closedChan
+	}
+	return l.done
+}
+
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
 // Err returns nil while the lease is held and after a successful Unlock. Once the lease was
 // lost it returns an error matching ErrLeaseLost that wraps the cause (key deleted or expired,
 // taken by another owner, renewal refused, or no successful renewal before the safe deadline);
-// after Client.Close it returns ErrClosed.
+// after Client.Close it returns ErrClosed. A nil Lease reports ErrNotHeld.
 func (l *Lease) Err() error {
+	if l == nil {
+		return ErrNotHeld
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.err
+}
+
+// Context returns a context for the work the lease protects. It carries the values of the ctx
+// given to Lock but not its cancellation or deadline, and is cancelled when the lease ends:
+// with context.Cause = Err() when the lease was lost or the Client closed, context.Canceled
+// after Unlock. Given to Lock or TryLock of the same lock on the same Client (directly or
+// through a derived context), it re-enters the lease. A nil Lease's context is cancelled.
+func (l *Lease) Context() context.Context {
+	if l == nil {
+		ctx, cancel := context.WithCancelCause(context.Background())
+		cancel(ErrNotHeld)
+		return ctx
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ctx == nil {
+		base := context.WithValue(context.WithoutCancel(l.lockCx), reentryKey{l.m.c, l.m.keys.lock}, l.hd)
+		l.ctx, l.cancel = context.WithCancelCause(base)
+		if l.state == leaseEnded {
+			l.cancel(l.err)
+		}
+	}
+	return l.ctx
+}
+
+// reentryKey finds, in a context, the holding a Lock on this Client and lock re-enters.
+type reentryKey struct {
+	c    *Client
+	lock string
+}
+
+// reentered returns the holding m's Lock re-enters through ctx, if any.
+func reentered(ctx context.Context, m *Mutex) *holding {
+	hd, _ := ctx.Value(reentryKey{m.c, m.keys.lock}).(*holding)
+	return hd
 }
 
 // Remaining returns how long the lease is certainly still held: its safe deadline (the send
@@ -86,30 +224,37 @@ func (l *Lease) Remaining() time.Duration {
 		return 0
 	default:
 	}
-	return l.h.remaining()
+	return l.hd.h.remaining()
 }
 
-// TTL returns the lease's current TTL: the one it was acquired with or last extended to.
+// TTL returns the lease's current TTL: the one it was acquired with or last extended to (0
+// for a nil Lease).
 func (l *Lease) TTL() time.Duration {
-	l.h.mu.Lock()
-	defer l.h.mu.Unlock()
-	return l.h.ttl
+	if l == nil {
+		return 0
+	}
+	l.hd.h.mu.Lock()
+	defer l.hd.h.mu.Unlock()
+	return l.hd.h.ttl
 }
 
 // Extend makes the lock's TTL in Redis at least ttl from now, if the lease is still held;
 // later watchdog renewals use ttl. It never shortens the TTL in Redis (another hold of the same
 // owner may rely on it), but the lease's own safe deadline becomes
 // send time + ttl × (1 − drift) either way. If the owner no longer holds the lock the lease ends as lost
-// and Extend returns an error matching ErrNotHeld and ErrLeaseLost. A Redis error leaves the
-// lease unchanged and is returned.
+// and Extend returns an error matching ErrNotHeld and ErrLeaseLost. A Redis error (matching
+// ErrUnavailable when Redis gave no answer) leaves the lease unchanged and is returned.
 func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
+	if l == nil {
+		return fmt.Errorf("%w: Extend of a nil Lease", ErrNotHeld)
+	}
 	if ttl < minTTL {
 		return fmt.Errorf("%w: extend TTL %v: must be at least %v", ErrInvalid, ttl, minTTL)
 	}
 	if err := l.heldErr(); err != nil {
 		return err
 	}
-	if err := l.h.extend(ctx, ttl.Truncate(time.Millisecond)); err != nil {
+	if err := l.hd.h.extend(ctx, ttl.Truncate(time.Millisecond)); err != nil {
 		if herr := l.heldErr(); herr != nil {
 			return herr
 		}
@@ -118,17 +263,22 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	return l.heldErr()
 }
 
-// Unlock releases this hold. When it was the owner's last hold the lock goes to the next
-// waiter (in this process first, within a bounded batch, then in Redis's queue) or is freed.
+// Unlock releases this lease. When it was the last lease of its holding (re-entries through
+// Context count) the lock goes to the next waiter (in this process first, within a bounded
+// batch, then in Redis's queue) or is freed.
 //
 // Unlock returns an error matching ErrNotHeld when the lease had already been lost (the error
-// also matches ErrLeaseLost) or was already unlocked. If Redis cannot be reached, Unlock returns
-// that error, ends the lease locally (renewal stops, Done closes) and the lock expires within
-// its TTL; calling Unlock again retries the release, which is applied at most once even when
-// an earlier attempt succeeded but its reply was lost.
+// also matches ErrLeaseLost), was already unlocked, or is nil. If Redis gives no answer, Unlock
+// returns that error (matching ErrUnavailable) and ends the lease locally (renewal stops, Done
+// closes); dlock keeps retrying the release in the background until Redis answers or the
+// lock's TTL has run out, and calling Unlock again retries it at once. A release is applied at
+// most once even when an earlier attempt succeeded but its reply was lost.
 func (l *Lease) Unlock(ctx context.Context) error {
+	if l == nil {
+		return fmt.Errorf("%w: Unlock of a nil Lease", ErrNotHeld)
+	}
 	l.mu.Lock()
-	state, unlocked, lostErr := l.state, l.unlocked, l.err
+	state, unlocked, lostErr, retry := l.state, l.unlocked, l.err, l.retry
 	if state == leaseHeld {
 		l.state = leaseReleasing
 	}
@@ -140,19 +290,28 @@ func (l *Lease) Unlock(ctx context.Context) error {
 		return fmt.Errorf("%w: %q: already unlocked", ErrNotHeld, l.m.name)
 	case lostErr != nil:
 		return fmt.Errorf("%w: %w", ErrNotHeld, lostErr)
+	case retry != nil:
+		return l.finishRelease(ctx, retry)
+	case state != leaseHeld:
+		return fmt.Errorf("%w: %q: already unlocked", ErrNotHeld, l.m.name)
 	}
-	if l.co != nil && state == leaseHeld {
-		return l.co.unlock(ctx, l)
-	}
-	if state == leaseHeld && !l.h.beginRelease() {
+	held, last := l.hd.drop(l)
+	switch {
+	case !held: // the holding ended (lost, closed) while we got here
+		l.finish(l.hd.h.lossErr(), true)
+		return l.heldErr()
+	case !last: // other leases of the holding still hold the lock
+		l.finish(nil, true)
+		return nil
+	case l.hd.co != nil:
+		return l.hd.co.unlock(ctx, l)
+	case !l.hd.h.beginRelease():
 		// Lost while we got here: end the lease with the hold's loss even if the hold's own
 		// notice has not reached it yet.
-		l.finish(l.h.lossErr(), true)
+		l.finish(l.hd.h.lossErr(), true)
 		return l.heldErr()
 	}
-	// Here the hold is releasing, or was ended locally by an earlier Unlock whose release
-	// failed: the script is idempotent, so run it (again).
-	return l.finishRelease(ctx, l.h)
+	return l.finishRelease(ctx, l.hd.h)
 }
 
 // finishRelease runs h's release script and ends h and the lease according to its answer.
@@ -160,8 +319,12 @@ func (l *Lease) finishRelease(ctx context.Context, h *hold) error {
 	n, err := h.release(ctx)
 	if err != nil {
 		h.end(nil, false)
-		l.finish(nil, false) // ended locally; a later Unlock retries the release
-		return fmt.Errorf("dlock: unlock %q: %w (the lock expires within its TTL if the release did not reach Redis)", l.m.name, err)
+		h.releaseLater() // until Redis answers or the TTL has run out
+		l.mu.Lock()
+		l.retry = h
+		l.mu.Unlock()
+		l.finish(nil, false) // ended locally; a later Unlock retries the release at once
+		return fmt.Errorf("%w (dlock retries the release in the background; the lock expires within its TTL otherwise)", redisErr("unlock", l.m.name, err))
 	}
 	if n == 0 {
 		lost := leaseLost(l.m.name, errKeyGone)
@@ -188,11 +351,11 @@ func (l *Lease) heldErr() error {
 	}
 }
 
-// finish ends the lease once: records why and closes Done.
+// finish ends the lease once: records why, closes Done and cancels Context.
 func (l *Lease) finish(err error, unlocked bool) {
 	l.mu.Lock()
 	if unlocked {
-		l.unlocked = true
+		l.unlocked, l.retry = true, nil
 	}
 	if l.state == leaseEnded {
 		if l.err == nil && err != nil && unlocked {
@@ -203,6 +366,10 @@ func (l *Lease) finish(err error, unlocked bool) {
 	}
 	l.state = leaseEnded
 	l.err = err
+	cancel := l.cancel
 	l.mu.Unlock()
 	close(l.done)
+	if cancel != nil {
+		cancel(err)
+	}
 }

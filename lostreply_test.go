@@ -60,7 +60,7 @@ func TestUnlockRetriedAfterLostReply(t *testing.T) {
 	scripts.Acquire.Load(ctx, raw)
 	c, rdb := clientDropping(t, scripts.Release.Hash(), 1)
 	name := redistest.Name(t)
-	m := c.Mutex(name)
+	m := c.Mutex(name, dlock.WithOwner("job-1")) // re-entry counted in Redis
 	outer, err := m.Lock(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -2,44 +2,52 @@ package dlock
 
 import (
 	"context"
-	"errors"
+	"strconv"
 	"sync"
+	"sync/atomic"
 )
 
-// A Mutex is a handle on one named lock. It is cheap to create and holds no Redis state; the
-// handle is the owner: all leases taken through it re-enter each other. A Mutex is safe for
-// concurrent use, but goroutines that must exclude each other need separate handles.
+// A Mutex is a handle on one named lock. It is cheap to create and holds no Redis state. Like
+// a sync.Mutex it excludes goroutines: two goroutines that call Lock on the same *Mutex (or on
+// two handles of the lock) never both hold it; the second waits, or gets ErrNotObtained from
+// TryLock. A Mutex is safe for concurrent use.
+//
+// Re-entry is explicit: a Lock or TryLock of the same lock on the same Client given the
+// context of a held lease (Lease.Context, or a context derived from it) re-enters that lease:
+// it returns at once with the same token, and the lock is let go when every lease of the chain
+// has unlocked. A handle made WithOwner is the other way in: handles with that owner id, in
+// any process, are one owner in Redis and re-enter each other's holds there.
 //
 // By default the handles of one Client on one lock form a cohort: the Client holds the Redis
 // lock under its own id and passes it between its goroutines without a round trip, a bounded
-// batch at a time (see WithoutCohort). A handle made WithOwner takes the lock in Redis under
-// that id instead, so handles sharing the id, in any process, re-enter each other there.
+// batch at a time (see WithoutCohort). Each handle's TTL and lease mode stay its own: handles
+// with other settings form their own cohort, which the Redis lock excludes like another
+// process.
 type Mutex struct {
-	c         *Client
-	name      string
-	keys      keys // all of them for a plain handle; only the lock key for a cohort handle
-	cfg       config
-	owner     string    // see Owner
-	ownerOnce sync.Once // a cohort handle's id is made on first use: Redis never sees it
-	cohort    bool      // served by the Client's cohort for this lock (see cohort.go)
-	err       error     // invalid name or option, reported by Lock and TryLock
+	c      *Client
+	name   string
+	keys   keys // all of them for a plain handle; only the lock key for a cohort handle
+	cfg    config
+	cohort string // the key of the Client's cohort serving this handle ("" when not cohorting)
+	err    error  // invalid name or option, reported by Lock and TryLock
+
+	id     string    // see Owner
+	idOnce sync.Once // a random id is made on first use
+	seq    atomic.Uint64
 }
 
 // Mutex returns a handle on the lock called name. Options override the Client's. An invalid
 // name or option is reported by Lock and TryLock as ErrInvalid; Mutex itself never fails.
 func (c *Client) Mutex(name string, opts ...Option) *Mutex {
 	m := &Mutex{c: c, name: name, cfg: c.cfg.apply(opts)}
-	m.err = errors.Join(c.err, validateName(name), m.cfg.validate())
-	m.owner = m.cfg.owner
-	m.cohort = !m.cfg.ownerSet && !m.cfg.noCohort
-	if m.cohort {
+	m.id = m.cfg.owner
+	m.err = join(c.err, validateName(name), m.cfg.validate())
+	if !m.cfg.ownerSet && !m.cfg.noCohort {
 		// Only the lock key, to find the cohort: it holds the rest, once per lock.
 		m.keys = keys{lock: lockKey(m.cfg.keyPrefix(), name)}
+		m.cohort = m.keys.lock + cohortVariant(m.cfg)
 	} else {
 		m.keys = lockKeys(m.cfg.keyPrefix(), name)
-		if !m.cfg.ownerSet {
-			m.owner = newOwnerID() // the owner field of its holds in Redis
-		}
 	}
 	return m
 }
@@ -47,23 +55,25 @@ func (c *Client) Mutex(name string, opts ...Option) *Mutex {
 // Name returns the lock's name.
 func (m *Mutex) Name() string { return m.name }
 
-// Owner returns the owner id of this handle: the WithOwner id, or a random 128-bit one. A
-// cohort handle's holds appear in Redis under its Client's id; this id then names the handle
-// only (for logs, or a command's environment).
+// Owner returns the owner id of this handle: the WithOwner id, or a random 128-bit one made on
+// first use. Leases of a handle without WithOwner have owner ids of their own in Redis (see
+// Lease.Owner); this id names the handle (for logs, or a command's environment).
 func (m *Mutex) Owner() string {
-	m.ownerOnce.Do(func() {
-		if m.owner == "" {
-			m.owner = newOwnerID()
+	m.idOnce.Do(func() {
+		if m.id == "" {
+			m.id = newOwnerID()
 		}
 	})
-	return m.owner
+	return m.id
 }
 
 // TryLock makes one attempt to take the lock. It returns a held Lease, or an error matching
 // ErrNotObtained when another owner holds the lock (or, with cohorting, another goroutine of
-// this Client holds or waits for it, or the reply came too late to start a lease), ErrInvalid for a bad name or option, ErrClosed after
-// Client.Close, or the Redis error that stopped the attempt. If this handle already holds the
-// lock, TryLock re-enters it at once.
+// this Client holds or waits for it, or the reply came too late to start a lease, or ctx was
+// done), ErrUnavailable when Redis gave no definite answer (down, failing over, loading),
+// ErrInvalid for a bad name or option, ErrClosed after Client.Close, ErrIncompatible for a
+// server older than 7.0 or a lock of another dlock version, or the Redis error that stopped
+// the attempt. Given the context of a held lease on this lock, it re-enters that lease.
 func (m *Mutex) TryLock(ctx context.Context) (*Lease, error) {
 	return m.lock(ctx, false)
 }
@@ -72,10 +82,12 @@ func (m *Mutex) TryLock(ctx context.Context) (*Lease, error) {
 // served: goroutines of this Client queue locally and the Client waits for them in the lock's
 // Redis queue, where a release hands the lock directly to the next live waiter and wakes only
 // it. Lock does not poll; it re-checks at the holder's remaining TTL or every 250 ms (which also
-// keeps its place in the queue alive).
+// keeps its place in the queue alive). While Redis is unavailable (a failover, a restart) it
+// keeps trying with backoff.
 //
-// When ctx ends first, Lock returns an error matching both ErrNotObtained and ctx.Err().
-// Other errors are those of TryLock; a Redis error ends the wait.
+// When ctx ends first, Lock returns an error matching both ErrNotObtained and ctx.Err() (and
+// ErrUnavailable if Redis was failing then); a ctx that is done when Lock returns never yields
+// a lease. Other errors are those of TryLock, except ErrUnavailable, which Lock waits out.
 func (m *Mutex) Lock(ctx context.Context) (*Lease, error) {
 	return m.lock(ctx, true)
 }
@@ -84,15 +96,36 @@ func (m *Mutex) lock(ctx context.Context, wait bool) (*Lease, error) {
 	if m.err != nil {
 		return nil, m.err
 	}
-	if m.cohort {
-		return m.c.cohortLock(ctx, m, wait)
+	if err := ctx.Err(); err != nil {
+		return nil, notObtained(m.name, err)
 	}
-	return m.plainLock(ctx, wait)
+	if hd := reentered(ctx, m); hd != nil {
+		return hd.reenter(ctx, m)
+	}
+	var l *Lease
+	var err error
+	if m.cohort != "" {
+		l, err = m.c.cohortLock(ctx, m, wait)
+	} else {
+		l, err = m.plainLock(ctx, wait)
+	}
+	if err == nil && ctx.Err() != nil {
+		// The caller's ctx ended while the lock was being taken: it must not get a lease it
+		// will not expect, so the lock goes on to the next waiter.
+		_ = l.Unlock(context.WithoutCancel(ctx))
+		return nil, notObtained(m.name, ctx.Err())
+	}
+	return l, err
 }
 
-// plainLock takes the lock in Redis under the handle's own owner id.
+// plainLock takes the lock in Redis under an owner id of its own: the WithOwner id, or one
+// made for this call, so goroutines sharing the handle exclude each other.
 func (m *Mutex) plainLock(ctx context.Context, wait bool) (*Lease, error) {
-	s := holdSpec{name: m.name, keys: m.keys, cfg: m.cfg, owner: m.Owner(), reentrant: true}
+	owner := m.cfg.owner
+	if !m.cfg.ownerSet {
+		owner = m.Owner() + "." + strconv.FormatUint(m.seq.Add(1), 36)
+	}
+	s := holdSpec{name: m.name, keys: m.keys, cfg: m.cfg, owner: owner, reentrant: m.cfg.ownerSet}
 	var h *hold
 	var err error
 	if wait {
@@ -103,5 +136,5 @@ func (m *Mutex) plainLock(ctx context.Context, wait bool) (*Lease, error) {
 	if err != nil {
 		return nil, err
 	}
-	return newLease(m, h, nil, h.token), nil
+	return newHolding(h, nil, h.token).first(ctx, m), nil
 }

@@ -23,7 +23,7 @@ func TestTryLockExcludesOtherOwners(t *testing.T) {
 	if _, err := b.TryLock(ctx); !errors.Is(err, dlock.ErrNotObtained) {
 		t.Fatalf("second owner's TryLock = %v, want ErrNotObtained", err)
 	}
-	if n, _ := rdb.HGet(ctx, lockKey(name), a.Owner()).Int(); n != 1 {
+	if n, _ := rdb.HGet(ctx, lockKey(name), la.Owner()).Int(); n != 1 {
 		t.Fatalf("hold count in Redis = %d, want 1", n)
 	}
 	if ttl := rdb.PTTL(ctx, lockKey(name)).Val(); ttl <= 0 || ttl > dlock.DefaultTTL {
@@ -55,11 +55,12 @@ func TestTryLockExcludesOtherOwners(t *testing.T) {
 	}
 }
 
+// A handle made WithOwner re-enters its owner's holds in Redis, which counts them.
 func TestReentrantHoldsAreCounted(t *testing.T) {
 	c, rdb := newClient(t, dlock.WithoutCohort())
 	ctx := ctxT(t)
 	name := redistest.Name(t)
-	m := c.Mutex(name)
+	m := c.Mutex(name, dlock.WithOwner("job-1"))
 	other := c.Mutex(name)
 
 	outer, err := m.Lock(ctx)

@@ -2,6 +2,7 @@ package dlock
 
 import (
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 )
@@ -51,6 +52,7 @@ type config struct {
 	fixedLease bool             // default: false (watchdog renewal on)
 	noCohort   bool             // default: false (cohorting on, unless WithOwner is given)
 	clock      func() time.Time // default: time.Now (a Client option only)
+	logger     *slog.Logger     // default: discard (a Client option only)
 }
 
 // WithTTL sets the lease TTL. With renewal on (the default) the lease is renewed every TTL/3
@@ -91,6 +93,13 @@ func WithoutCohort() Option { return func(c *config) { c.noCohort = true } }
 // time.Unix) makes dlock follow the wall clock, which is unsafe. A nil now means time.Now. It
 // is a Client option: given to Client.Mutex it has no effect.
 func WithClock(now func() time.Time) Option { return func(c *config) { c.clock = now } }
+
+// WithLogger makes the Client report what it cannot fix itself to logger: a missing
+// permission that switches a feature off, a maxmemory-policy that may evict locks, a
+// notification connection that keeps failing. Each condition is logged once when it starts
+// (and once when it ends), never per call. The default discards them. It is a Client option:
+// given to Client.Mutex it has no effect.
+func WithLogger(logger *slog.Logger) Option { return func(c *config) { c.logger = logger } }
 
 func (c config) apply(opts []Option) config {
 	for _, o := range opts {

@@ -49,17 +49,22 @@ func statusCommand(args []string, stdout, stderr io.Writer) error {
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 1, ' ', 0)
 	fmt.Fprintf(tw, "name:\t%s\n", info.Name)
-	if info.Held {
-		fmt.Fprintf(tw, "state:\theld\nowner:\t%s\nhold count:\t%d\nttl:\t%s\n", info.Owner, info.HoldCount, fmtTTL(info.TTL))
-	} else {
-		fmt.Fprintf(tw, "state:\tfree\n")
+	switch {
+	case info.Foreign:
+		fmt.Fprintf(tw, "state:\theld by a key dlock did not write (another type, or another dlock version)\nttl:\t%s\n", fmtTTL(info.TTL))
+	case info.Held:
+		fmt.Fprintf(tw, "state:\theld\nowner:\t%s\nhold count:\t%d\nttl:\t%s\ntoken:\t%d\n", info.Owner, info.HoldCount, fmtTTL(info.TTL), info.Token)
+	default:
+		fmt.Fprintf(tw, "state:\tfree (no state in Redis)\n")
 	}
-	fmt.Fprintf(tw, "last token:\t%d\nwaiters:\t%d\n", info.Token, info.Waiters)
+	fmt.Fprintf(tw, "waiters:\t%d\n", info.Waiters)
 	return tw.Flush()
 }
 
 func listCommand(args []string, stdout, stderr io.Writer) error {
-	fs, common := newFlagSet("list", "list [--redis URL] [--prefix P] [--json] [PATTERN]", stderr)
+	// Locks leave no state in Redis once free: list shows the held ones, those with waiters,
+	// and those used within the last minute (their op log), and says so in its help.
+	fs, common := newFlagSet("list", "list [--redis URL] [--prefix P] [--json] [PATTERN]\n\nLists the locks that have state in Redis: held, waited for, or used within the last minute.", stderr)
 	asJSON := fs.Bool("json", false, "print JSON, one object per line")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -88,7 +93,10 @@ func listCommand(args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintln(tw, "NAME\tSTATE\tOWNER\tTTL\tTOKEN\tWAITERS")
 	for _, l := range locks {
 		state, owner, ttl := "free", "-", "-"
-		if l.Held {
+		switch {
+		case l.Foreign:
+			state, ttl = "foreign", fmtTTL(l.TTL)
+		case l.Held:
 			state, owner, ttl = "held", l.Owner, fmtTTL(l.TTL)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\n", l.Name, state, owner, ttl, l.Token, l.Waiters)

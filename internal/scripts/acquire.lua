@@ -1,10 +1,11 @@
 -- acquire: take, re-enter, confirm a grant of, or queue for a reentrant, fenced lock.
 --
--- KEYS[1] lock hash   {owner: holdCount, "#"..holdId: 1 per hold}, PEXPIRE'd to the lease TTL;
---                     the per-hold fields make retries, releases and loss checks exact per hold
--- KEYS[2] fence       highest fencing token reserved; +BLOCK per fresh hold (a block of tokens,
---                     so a process can hand the lock to its own goroutines with rising tokens)
--- KEYS[3] op log      hash: r:<owner> = hold id of the owner's last freeing release,
+-- KEYS[1] lock hash   {owner: holdCount, "#"..holdId: 1 per hold, "#t": the hold's first
+--                     token, "#v": layout}, PEXPIRE'd to the lease TTL; the per-hold fields
+--                     make retries, releases and loss checks exact per hold
+-- KEYS[2] fence       the highest token reserved, never below the server clock in µs; it
+--                     expires once the clock has passed it (see reserve_block)
+-- KEYS[3] op log      hash: r:<owner> = hold id of the owner's last release,
 --                     g:<owner> = token of a lock granted to the owner while it waited
 -- KEYS[4] queue       sorted set of waiting owners scored by when they joined (ms): FIFO
 -- KEYS[5] liveness    hash {waiting owner: deadline in ms of server time}
@@ -27,18 +28,34 @@
 --
 -- Returns {1, token, holdCount} when the caller holds the lock after the call (fresh,
 -- re-entered, a granted lock now confirmed, or a retry of a call that already succeeded);
--- {0, pttl} when it does not (pttl: the lock's remaining TTL in ms, -1 without TTL).
+-- {0, pttl, foreign} when it does not (pttl: the lock's remaining TTL in ms, -1 without TTL;
+-- foreign 1 when the key holds something other than a lock hash). A lock hash of another
+-- layout is refused with a DLOCKLAYOUT error and left as it is.
 -- TTLs of a held lock only grow here (PEXPIRE GT): other holds of the owner may rely on them.
 local owner, mark = ARGV[1], '#' .. ARGV[3]
 
 local function fresh()
-  local v = reserve_block(KEYS[2])
-  redis.call('HSET', KEYS[1], owner, 1, mark, 1)
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {1, v - BLOCK + 1, 1}
+  local token = reserve_block(KEYS[2])
+  hold_lock(KEYS[1], owner, mark, token, ARGV[2])
+  return {1, token, 1}
 end
 
-if redis.call('EXISTS', KEYS[1]) == 0 then
+local function queue_up(foreign)
+  if ARGV[5] == '1' then
+    local now = now_ms()
+    if redis.call('HSET', KEYS[5], owner, now + tonumber(ARGV[6])) == 1 then
+      redis.call('ZADD', KEYS[4], 'NX', now, owner) -- a new waiter (a refresh only moves its deadline)
+    end
+    -- The queue lives while anyone waits in it, and disappears on its own after.
+    redis.call('PEXPIRE', KEYS[4], ARGV[11])
+    redis.call('PEXPIRE', KEYS[5], ARGV[11])
+  end
+  return {0, redis.call('PTTL', KEYS[1]), foreign}
+end
+
+-- take_free takes the free lock, or grants it to the first waiter when the caller may not go
+-- ahead of it, and then queues the caller.
+local function take_free()
   local head, waited = first_waiter(KEYS[4], KEYS[5])
   if head == nil then
     return fresh()
@@ -52,48 +69,51 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
   end
   -- It goes to the waiter ahead of us.
   leave_queue(KEYS[4], KEYS[5], head)
-  local token = grant(KEYS[1], KEYS[2], head, ARGV[8], ARGV[7], ARGV[9])
-  redis.call('HSET', KEYS[3], 'g:' .. head, token)
-  redis.call('PEXPIRE', KEYS[3], ARGV[4])
-else
-  local count = redis.call('HGET', KEYS[1], owner)
-  if count then
-    local token = tonumber(redis.call('GET', KEYS[2])) - BLOCK + 1
-    -- A retry of a call that already succeeded (its reply was lost) must not count twice.
-    if redis.call('HEXISTS', KEYS[1], mark) == 1 then
-      return {1, token, tonumber(count)}
-    end
-    -- A release handed us the lock while we waited: take it with our own TTL. A grant is
-    -- current only if nothing was reserved since (a stale one that ran out is ignored).
-    local granted = redis.call('HGET', KEYS[3], 'g:' .. owner)
-    if granted then
-      redis.call('HDEL', KEYS[3], 'g:' .. owner)
-      if tonumber(granted) == token then
-        redis.call('HSET', KEYS[1], mark, 1)
-        -- Our own TTL, not GT: the grace TTL was a placeholder, and with a TTL shorter than
-        -- the grace the lock would outlive our lease and stall the next waiter.
-        redis.call('PEXPIRE', KEYS[1], ARGV[2])
-        return {1, token, 1}
-      end
-    end
-    if ARGV[10] ~= '1' then
-      redis.call('DEL', KEYS[1])
-      return fresh()
-    end
-    count = redis.call('HINCRBY', KEYS[1], owner, 1)
-    redis.call('HSET', KEYS[1], mark, 1)
-    redis.call('PEXPIRE', KEYS[1], ARGV[2], 'GT')
-    return {1, token, count}
-  end
+  grant(KEYS[1], KEYS[2], KEYS[3], head, ARGV[8], ARGV[4])
+  local res = queue_up(0)
+  notify(ARGV[9], ARGV[7], 'g ' .. head)
+  return res
 end
 
-if ARGV[5] == '1' then
-  local now = now_ms()
-  if redis.call('HSET', KEYS[5], owner, now + tonumber(ARGV[6])) == 1 then
-    redis.call('ZADD', KEYS[4], 'NX', now, owner) -- a new waiter (a refresh only moves its deadline)
-  end
-  -- The queue lives while anyone waits in it, and disappears on its own after.
-  redis.call('PEXPIRE', KEYS[4], ARGV[11])
-  redis.call('PEXPIRE', KEYS[5], ARGV[11])
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return take_free()
 end
-return {0, redis.call('PTTL', KEYS[1])}
+
+local f, ok = lock_fields(KEYS[1], owner, mark, '#t', '#v')
+if not ok then
+  return queue_up(1)
+end
+if f[4] ~= LAYOUT then
+  return layout_error(KEYS[1])
+end
+if f[1] then
+  local token, count = tonumber(f[3]), tonumber(f[1])
+  -- A retry of a call that already succeeded (its reply was lost) must not count twice.
+  if f[2] then
+    return {1, token, count}
+  end
+  -- A release handed us the lock while we waited: take it with our own TTL. The grant is
+  -- ours only if it carries the hold's token (a stale one, from a grant that ran out, does not).
+  local granted = redis.call('HGET', KEYS[3], 'g:' .. owner)
+  if granted then
+    redis.call('HDEL', KEYS[3], 'g:' .. owner)
+    if granted == f[3] then
+      redis.call('HSET', KEYS[1], mark, 1)
+      -- Our own TTL, not GT: the grace TTL was a placeholder, and with a TTL shorter than
+      -- the grace the lock would outlive our lease and stall the next waiter.
+      redis.call('PEXPIRE', KEYS[1], ARGV[2])
+      return {1, token, 1}
+    end
+  end
+  if ARGV[10] ~= '1' then
+    -- Our own stale hold (its lease already ended where we run): the lock is free, and the
+    -- processes queued for it come first.
+    redis.call('DEL', KEYS[1])
+    return take_free()
+  end
+  count = redis.call('HINCRBY', KEYS[1], owner, 1)
+  redis.call('HSET', KEYS[1], mark, 1)
+  redis.call('PEXPIRE', KEYS[1], ARGV[2], 'GT')
+  return {1, token, count}
+end
+return queue_up(0)

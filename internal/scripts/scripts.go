@@ -1,6 +1,6 @@
 // Package scripts holds dlock's Lua scripts, one per operation. Each file opens with its
-// KEYS/ARGV contract; the Go side only passes arguments and decodes replies. grant.lua holds
-// the FIFO hand-off shared by acquire and release and is prepended to both.
+// KEYS/ARGV contract; the Go side only passes arguments and decodes replies. lib.lua holds
+// what the lock scripts share (layout, token blocks, FIFO hand-off) and is prepended to them.
 package scripts
 
 import (
@@ -10,8 +10,8 @@ import (
 )
 
 var (
-	//go:embed grant.lua
-	grantSrc string
+	//go:embed lib.lua
+	libSrc string
 	//go:embed acquire.lua
 	acquireSrc string
 	//go:embed release.lua
@@ -24,11 +24,19 @@ var (
 	forceReleaseSrc string
 )
 
+// shebang makes Redis check, before a lock script runs, that it may write (master, enough
+// replicas, memory), so a refused script has changed nothing; servers before 7.0 refuse it.
+const shebang = "#!lua\n"
+
+// lockScript builds a lock script: the shebang, the shared library, the operation.
+func lockScript(src string) *redis.Script { return redis.NewScript(shebang + libSrc + src) }
+
 // Scripts run with EVALSHA and fall back to EVAL when the server has not cached them yet.
 var (
-	Acquire      = redis.NewScript(grantSrc + acquireSrc)
-	Release      = redis.NewScript(grantSrc + releaseSrc)
-	Extend       = redis.NewScript(extendSrc)
-	FencedSet    = redis.NewScript(fencedSetSrc)
-	ForceRelease = redis.NewScript(grantSrc + forceReleaseSrc)
+	Acquire      = lockScript(acquireSrc)
+	Release      = lockScript(releaseSrc)
+	Extend       = lockScript(extendSrc)
+	ForceRelease = lockScript(forceReleaseSrc)
+	// FencedSet writes to a resource that may live on any Redis, so it has no shebang.
+	FencedSet = redis.NewScript(fencedSetSrc)
 )

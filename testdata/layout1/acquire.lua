@@ -1,0 +1,99 @@
+-- acquire: take, re-enter, confirm a grant of, or queue for a reentrant, fenced lock.
+--
+-- KEYS[1] lock hash   {owner: holdCount, "#"..holdId: 1 per hold}, PEXPIRE'd to the lease TTL;
+--                     the per-hold fields make retries, releases and loss checks exact per hold
+-- KEYS[2] fence       highest fencing token reserved; +BLOCK per fresh hold (a block of tokens,
+--                     so a process can hand the lock to its own goroutines with rising tokens)
+-- KEYS[3] op log      hash: r:<owner> = hold id of the owner's last freeing release,
+--                     g:<owner> = token of a lock granted to the owner while it waited
+-- KEYS[4] queue       sorted set of waiting owners scored by when they joined (ms): FIFO
+-- KEYS[5] liveness    hash {waiting owner: deadline in ms of server time}
+-- ARGV[1] owner id
+-- ARGV[2] lease TTL in ms
+-- ARGV[3] hold id: unique per call, resent unchanged when the call is retried
+-- ARGV[4] op log TTL in ms
+-- ARGV[5] "1" to join (or stay in) the queue when not obtained
+-- ARGV[6] liveness window in ms: a waiter not heard from for this long is skipped
+-- ARGV[7] notification channel
+-- ARGV[8] grace in ms: TTL of a lock granted to a waiter until it confirms
+-- ARGV[9] PUBLISH or SPUBLISH
+-- ARGV[10] "1" if the owner re-enters its own holds (counted); "0" for a Client's cohort,
+--          whose own hold still found in Redis is stale (it lost track of it) and is re-taken
+--          as a fresh hold with a new token block
+-- ARGV[11] queue keys' TTL in ms: a queue no waiter refreshes for this long disappears
+-- ARGV[12] barging window in ms: a caller outside the queue may take a free lock ahead of a
+--          first waiter that has waited less than this (0: never), as a new goroutine may
+--          take a sync.Mutex ahead of a waiter that has not starved yet
+--
+-- Returns {1, token, holdCount} when the caller holds the lock after the call (fresh,
+-- re-entered, a granted lock now confirmed, or a retry of a call that already succeeded);
+-- {0, pttl} when it does not (pttl: the lock's remaining TTL in ms, -1 without TTL).
+-- TTLs of a held lock only grow here (PEXPIRE GT): other holds of the owner may rely on them.
+local owner, mark = ARGV[1], '#' .. ARGV[3]
+
+local function fresh()
+  local v = reserve_block(KEYS[2])
+  redis.call('HSET', KEYS[1], owner, 1, mark, 1)
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return {1, v - BLOCK + 1, 1}
+end
+
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  local head, waited = first_waiter(KEYS[4], KEYS[5])
+  if head == nil then
+    return fresh()
+  end
+  if head == owner then
+    leave_queue(KEYS[4], KEYS[5], owner)
+    return fresh()
+  end
+  if waited < tonumber(ARGV[12]) and redis.call('HEXISTS', KEYS[5], owner) == 0 then
+    return fresh() -- barging: the first waiter has not waited long and was woken to compete
+  end
+  -- It goes to the waiter ahead of us.
+  leave_queue(KEYS[4], KEYS[5], head)
+  local token = grant(KEYS[1], KEYS[2], head, ARGV[8], ARGV[7], ARGV[9])
+  redis.call('HSET', KEYS[3], 'g:' .. head, token)
+  redis.call('PEXPIRE', KEYS[3], ARGV[4])
+else
+  local count = redis.call('HGET', KEYS[1], owner)
+  if count then
+    local token = tonumber(redis.call('GET', KEYS[2])) - BLOCK + 1
+    -- A retry of a call that already succeeded (its reply was lost) must not count twice.
+    if redis.call('HEXISTS', KEYS[1], mark) == 1 then
+      return {1, token, tonumber(count)}
+    end
+    -- A release handed us the lock while we waited: take it with our own TTL. A grant is
+    -- current only if nothing was reserved since (a stale one that ran out is ignored).
+    local granted = redis.call('HGET', KEYS[3], 'g:' .. owner)
+    if granted then
+      redis.call('HDEL', KEYS[3], 'g:' .. owner)
+      if tonumber(granted) == token then
+        redis.call('HSET', KEYS[1], mark, 1)
+        -- Our own TTL, not GT: the grace TTL was a placeholder, and with a TTL shorter than
+        -- the grace the lock would outlive our lease and stall the next waiter.
+        redis.call('PEXPIRE', KEYS[1], ARGV[2])
+        return {1, token, 1}
+      end
+    end
+    if ARGV[10] ~= '1' then
+      redis.call('DEL', KEYS[1])
+      return fresh()
+    end
+    count = redis.call('HINCRBY', KEYS[1], owner, 1)
+    redis.call('HSET', KEYS[1], mark, 1)
+    redis.call('PEXPIRE', KEYS[1], ARGV[2], 'GT')
+    return {1, token, count}
+  end
+end
+
+if ARGV[5] == '1' then
+  local now = now_ms()
+  if redis.call('HSET', KEYS[5], owner, now + tonumber(ARGV[6])) == 1 then
+    redis.call('ZADD', KEYS[4], 'NX', now, owner) -- a new waiter (a refresh only moves its deadline)
+  end
+  -- The queue lives while anyone waits in it, and disappears on its own after.
+  redis.call('PEXPIRE', KEYS[4], ARGV[11])
+  redis.call('PEXPIRE', KEYS[5], ARGV[11])
+end
+return {0, redis.call('PTTL', KEYS[1])}
