@@ -36,7 +36,7 @@ type Client struct {
 	publishCmd string // PUBLISH, or SPUBLISH on Redis Cluster
 	clock      func() time.Time
 
-	log        *slog.Logger
+	log *slog.Logger
 
 	bg          context.Context // background work's context, cancelled when Close starts
 	stop        context.CancelFunc

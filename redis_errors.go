@@ -23,10 +23,10 @@ var unavailablePrefixes = []string{
 type replyKind int
 
 const (
-	replyOther       replyKind = iota // an error Redis answered about the call (WRONGTYPE, NOPERM, ...)
-	replyUnavailable                  // no definite answer: connection failure, timeout, failover reply
-	replyClosed                       // the go-redis client was closed
-	replyIncompatible                 // server too old, or a lock of another key layout
+	replyOther        replyKind = iota // an error Redis answered about the call (WRONGTYPE, NOPERM, ...)
+	replyUnavailable                   // no definite answer: connection failure, timeout, failover reply
+	replyClosed                        // the go-redis client was closed
+	replyIncompatible                  // server too old, or a lock of another key layout
 )
 
 // classify sorts err. Transport failures are unavailable whether or not the command ran; the
