@@ -1,0 +1,88 @@
+package redisserver
+
+import (
+	"context"
+	"fmt"
+	"strings"
+)
+
+// KillClients runs CLIENT KILL with filter (e.g. "TYPE", "pubsub", or "USER", "x", or
+// "ID", "42"; the connection of this package's own client is skipped) and returns how many
+// connections the server closed. A single argument is the old form, an addr:port.
+func (s *Server) KillClients(ctx context.Context, filter ...string) (int, error) {
+	if len(filter) == 0 {
+		return 0, fmt.Errorf("redisserver: KillClients needs a filter")
+	}
+	args := []any{"CLIENT", "KILL"}
+	for _, f := range filter {
+		args = append(args, f)
+	}
+	res, err := s.adminClient().Do(ctx, args...).Result()
+	if err != nil {
+		return 0, fmt.Errorf("redisserver: CLIENT KILL %s: %w", strings.Join(filter, " "), err)
+	}
+	if n, ok := res.(int64); ok {
+		return int(n), nil
+	}
+	return 1, nil // the old form replies OK for the one connection it closed
+}
+
+// KillClientsNamed closes every connection whose client name (CLIENT SETNAME, go-redis's
+// Options.ClientName) equals name and returns how many it closed.
+func (s *Server) KillClientsNamed(ctx context.Context, name string) (int, error) {
+	list, err := s.adminClient().ClientList(ctx).Result()
+	if err != nil {
+		return 0, fmt.Errorf("redisserver: CLIENT LIST: %w", err)
+	}
+	killed := 0
+	for _, line := range strings.Split(list, "\n") {
+		var id string
+		named := false
+		for _, f := range strings.Fields(line) {
+			if v, ok := strings.CutPrefix(f, "id="); ok {
+				id = v
+			} else if f == "name="+name {
+				named = true
+			}
+		}
+		if !named || id == "" {
+			continue
+		}
+		n, err := s.KillClients(ctx, "ID", id)
+		if err != nil {
+			return killed, err
+		}
+		killed += n // 0 when the connection closed meanwhile
+	}
+	return killed, nil
+}
+
+// Role returns the first element of the server's ROLE reply: "master", "slave" (a replica)
+// or "sentinel".
+func (s *Server) Role(ctx context.Context) (string, error) {
+	r, err := s.role(ctx)
+	return r.role, err
+}
+
+// roleReply is a parsed ROLE reply.
+type roleReply struct {
+	role   string
+	master string // a replica's master, host:port
+	state  string // a replica's link state: "connected", "sync", "connecting", ...
+}
+
+func (s *Server) role(ctx context.Context) (roleReply, error) {
+	v, err := s.adminClient().Do(ctx, "ROLE").Slice()
+	if err != nil {
+		return roleReply{}, err
+	}
+	if len(v) == 0 {
+		return roleReply{}, fmt.Errorf("redisserver: empty ROLE reply from %s", s.Addr)
+	}
+	r := roleReply{role: fmt.Sprint(v[0])}
+	if r.role == "slave" && len(v) >= 4 {
+		r.master = fmt.Sprintf("%v:%v", v[1], v[2])
+		r.state = fmt.Sprint(v[3])
+	}
+	return r, nil
+}
