@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sync/atomic"
 	"time"
 
 	"github.com/dlock-go/dlock/internal/scripts"
@@ -94,8 +95,11 @@ func (c *Client) tryHold(ctx context.Context, s holdSpec, queue bool) (*hold, ti
 		token: uint64(res[1]), tracked: make(chan struct{}), ttl: ttl, heapIdx: -1,
 	}
 	if err := c.track(ctx, h, sent); err != nil {
-		// The Client closed while the script ran: give the hold back.
-		c.abandon(s, holdID)
+		// The Client closed while the script ran: give the hold back now (Close waits for
+		// this call; a background clean-up might no longer be allowed to start).
+		rctx, cancel := context.WithTimeout(c.cleanup, abandonTimeout)
+		_, _ = runRelease(rctx, c, s.keys, s.owner, holdID, releaseIfAcquired)
+		cancel()
 		h.end(err, false)
 		return nil, 0, fmt.Errorf("%w: lock %q", err, s.name)
 	}
@@ -131,6 +135,24 @@ const (
 // attempt goes without, so an uncontended lock costs no subscription. While Redis is
 // unavailable it retries with backoff, asking the client to refresh its view of the topology.
 func (c *Client) waitHold(ctx context.Context, s holdSpec, contended bool) (*hold, error) {
+	// The wait holds a slot of the Client's background work until it has left the queue, so
+	// Close, which ends the wait at once, waits for the leaving (bounded) before it returns.
+	if !c.goBackground() {
+		return nil, fmt.Errorf("%w: lock %q", ErrClosed, s.name)
+	}
+	slot := true
+	defer func() {
+		if slot {
+			c.wg.Done()
+		}
+	}()
+	leave := func() {
+		slot = false
+		go func() {
+			defer c.wg.Done()
+			c.leaveQueueNow(s)
+		}()
+	}
 	n := c.notifierFor(ctx, s.keys.lock)
 	var sub *subscription
 	if n != nil && (contended || n.subscribed(s.keys.channel)) {
@@ -155,7 +177,7 @@ func (c *Client) waitHold(ctx context.Context, s holdSpec, contended bool) (*hol
 			failing, backoff = nil, 0
 		default:
 			if ctx.Err() != nil || c.checkOpen() != nil {
-				c.leaveQueueLater(s)
+				leave()
 			}
 			if ctx.Err() != nil && failing != nil {
 				return nil, notObtained(s.name, ctx.Err(), failing)
@@ -180,10 +202,10 @@ func (c *Client) waitHold(ctx context.Context, s holdSpec, contended bool) (*hol
 		timer.Reset(wait)
 		select {
 		case <-ctx.Done():
-			c.leaveQueueLater(s)
+			leave()
 			return nil, notObtained(s.name, ctx.Err(), failing)
 		case <-c.bg.Done():
-			c.leaveQueueLater(s)
+			leave()
 			return nil, fmt.Errorf("%w: lock %q", ErrClosed, s.name)
 		case <-wake:
 		case <-timer.C:
@@ -205,6 +227,7 @@ func (c *Client) tryHoldShallow(ctx context.Context, s holdSpec) (*hold, time.Du
 		return nil, 0, fmt.Errorf("%w: lock %q", ErrClosed, s.name)
 	}
 	done := make(chan result, 1)
+	var gone atomic.Bool // the waiter returned (Close) before the attempt ended
 	go func() {
 		defer c.wg.Done()
 		actx, cancel := context.WithCancel(ctx)
@@ -213,11 +236,19 @@ func (c *Client) tryHoldShallow(ctx context.Context, s holdSpec) (*hold, time.Du
 		defer stop()
 		h, wait, err := c.tryHold(actx, s, true)
 		done <- result{h, wait, err}
+		if gone.Load() && h == nil {
+			// The attempt may have put the waiter back in the queue after it left: leave
+			// again, passing on a grant (a hold it took was given back by tryHold).
+			c.leaveQueueNow(s)
+		}
 	}()
 	select {
 	case r := <-done:
 		return r.h, r.wait, r.err
 	case <-c.bg.Done():
+		// A hold the attempt took was tracked before Close looked (Close releases it) or
+		// refused and given back by tryHold.
+		gone.Store(true)
 		return nil, 0, fmt.Errorf("%w: lock %q", ErrClosed, s.name)
 	}
 }
@@ -231,19 +262,11 @@ func (c *Client) topologyMayHaveChanged(ctx context.Context) {
 	}
 }
 
-// leaveQueueLater takes a waiter that gave up out of the lock's queue in the background (the
-// waiter returns at once); if a release granted it the lock meanwhile, the lock goes on to the
-// next waiter.
-func (c *Client) leaveQueueLater(s holdSpec) {
-	if !c.goBackground() {
-		return // the Client is gone: the entry is skipped once its liveness runs out
-	}
-	go func() {
-		defer c.wg.Done()
-		ctx, cancel := context.WithTimeout(c.cleanup, leaveTimeout)
-		defer cancel()
-		_, _ = runRelease(ctx, c, s.keys, s.owner, "", releaseLeavingQueue)
-	}()
+// leaveQueueNow takes a waiter out of the lock's queue, passing on a grant made to it.
+func (c *Client) leaveQueueNow(s holdSpec) {
+	ctx, cancel := context.WithTimeout(c.cleanup, leaveTimeout)
+	defer cancel()
+	_, _ = runRelease(ctx, c, s.keys, s.owner, "", releaseLeavingQueue)
 }
 
 // abandon undoes, in the background, an acquire whose reply was lost, if Redis applied it.

@@ -177,6 +177,7 @@ func (c *Client) track(ctx context.Context, l *hold, sent time.Time) error {
 		}()
 	}
 	c.mu.Unlock()
+	c.checkServer()
 
 	n := c.notifierFor(ctx, l.keys.lock)
 	l.mu.Lock()
@@ -243,7 +244,7 @@ func (c *Client) notifierFor(ctx context.Context, key string) *notifier {
 	}
 	n := c.notifiers[addr]
 	if n == nil {
-		n = newNotifier(node, c.publishCmd == "SPUBLISH")
+		n = newNotifier(node, c.publishCmd == "SPUBLISH", c.bg.Done())
 		c.notifiers[addr] = n
 	}
 	c.mu.Unlock()

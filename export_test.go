@@ -1,5 +1,7 @@
 package dlock
 
+import "time"
+
 // Tracked exposes, to tests only, the moment a lease's key is tracked for push loss detection.
 func Tracked(l *Lease) <-chan struct{} { return l.hd.h.tracked }
 
@@ -34,3 +36,13 @@ func CohortState(c *Client, name string) (hasHold, lingering bool) {
 	defer co.mu.Unlock()
 	return co.h != nil, co.linger != nil
 }
+
+// SetOpLogTTL shortens the op log window for a test and restores it at cleanup.
+func SetOpLogTTL(t interface{ Cleanup(func()) }, d time.Duration) {
+	old := opLogTTL
+	opLogTTL = d
+	t.Cleanup(func() { opLogTTL = old })
+}
+
+// RedisErr is redisErr, for tests of the error mapping.
+func RedisErr(err error) error { return redisErr("lock", "x", err) }

@@ -60,8 +60,9 @@ type notifier struct {
 	watchSeq   uint64
 	pending    map[string]struct{} // watched keys to re-read
 	recheckAll bool
-	noTracking bool // the server refused CLIENT TRACKING: loss is found by renewal only
-	sharded    bool // Redis Cluster: lock channels are shard channels (SSUBSCRIBE)
+	noTracking bool            // the server refused CLIENT TRACKING: loss is found by renewal only
+	sharded    bool            // Redis Cluster: lock channels are shard channels (SSUBSCRIBE)
+	closing    <-chan struct{} // closed when the Client starts closing: waits end at once
 }
 
 type channelState struct {
@@ -75,9 +76,10 @@ type channelState struct {
 // pubsubConnKey marks the context of pub/sub calls so OnConnect knows which connection is new.
 type pubsubConnKey struct{}
 
-func newNotifier(node *redis.Client, sharded bool) *notifier {
+func newNotifier(node *redis.Client, sharded bool, closing <-chan struct{}) *notifier {
 	n := &notifier{
 		sharded: sharded,
+		closing: closing,
 		kick:    make(chan struct{}, 1),
 		started: make(chan struct{}),
 		chans:   make(map[string]*channelState),
@@ -325,6 +327,7 @@ func (n *notifier) subscribe(ctx context.Context, channel, owner string) *subscr
 	case <-ready:
 		s.confirmed = true
 	case <-ctx.Done():
+	case <-n.closing:
 	case <-t.C:
 	}
 	return s

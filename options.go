@@ -21,7 +21,6 @@ const (
 	maxNameLen   = 1024
 	maxOwnerLen  = 256
 	maxPrefixLen = 256
-	opLogTTL     = time.Minute // how long a retried acquire or release is recognised
 	// A waiter not heard from for livenessWindow is skipped by the FIFO; live waiters refresh
 	// their entry every livenessRefresh. A lock granted to a waiter keeps grantGrace as TTL until
 	// the waiter confirms. Together they bound how long a killed waiter can stall a lock.
@@ -36,6 +35,10 @@ const (
 	bargeWindow    = 4 * time.Millisecond
 	minRenewPeriod = time.Millisecond
 )
+
+// opLogTTL is how long a retried acquire or release is recognised, and so how long a lock's
+// op log outlives its last use. A variable so tests can shorten it.
+var opLogTTL = time.Minute
 
 // An Option configures a Client (the default for all its mutexes) or a single Mutex.
 // Options given to Client.Mutex override those given to New.
