@@ -376,3 +376,122 @@ func TestGrantedLockTakesTheGranteesShortTTL(t *testing.T) {
 		t.Fatalf("granted lock's PTTL %v, longer than the grantee's TTL %v (the grant's grace is %v)", pttl, ttl, 500*time.Millisecond)
 	}
 }
+
+// A handle's TTL and lease mode are its own, also when its Client's other handles hold the
+// lock with other settings (issue 9, point 8).
+func TestCohortHandleKeepsItsOwnOptions(t *testing.T) {
+	c, rdb := newClient(t)
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	short, err := c.Mutex(name, dlock.WithTTL(150*time.Millisecond), dlock.WithFixedLease()).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *dlock.Lease, 1)
+	go func() {
+		l, err := c.Mutex(name).Lock(ctx)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- l
+	}()
+	waitQueued(t, c, name, 1)
+	if err := short.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l := <-got
+	if l == nil {
+		t.Fatal("default handle did not get the lock")
+	}
+	if l.TTL() != dlock.DefaultTTL {
+		t.Fatalf("default handle's lease TTL = %v, want %v", l.TTL(), dlock.DefaultTTL)
+	}
+	select {
+	case <-l.Done():
+		t.Fatalf("default handle's lease ended within 3x the other handle's fixed 150ms: %v", l.Err())
+	case <-time.After(450 * time.Millisecond):
+	}
+	if pttl := rdb.PTTL(ctx, lockKey(name)).Val(); pttl < time.Second {
+		t.Fatalf("lock PTTL %v under the default handle", pttl)
+	}
+	_ = l.Unlock(ctx)
+}
+
+// A waiter whose ctx ended before the holder released never gets the lock (issue 9,
+// point 14).
+func TestCancelledWaitersNeverGetTheLock(t *testing.T) {
+	c, _ := newClient(t)
+	ctx := ctxT(t)
+	for round := 0; round < 5; round++ {
+		name := redistest.Name(t)
+		holder, err := c.Mutex(name).Lock(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		const waiters = 30
+		wctx, cancel := context.WithCancel(ctx)
+		results := make(chan error, waiters)
+		for i := 0; i < waiters; i++ {
+			go func() {
+				l, err := c.Mutex(name).Lock(wctx)
+				if err == nil {
+					err = errors.New("a waiter whose ctx had ended got the lock")
+					_ = l.Unlock(ctx)
+				}
+				results <- err
+			}()
+		}
+		for dlock.CohortWaiters(c, name) != waiters {
+			time.Sleep(time.Millisecond) // the local queue has no event to wait on
+		}
+		cancel()
+		if err := holder.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i < waiters; i++ {
+			if err := <-results; !errors.Is(err, dlock.ErrNotObtained) || !errors.Is(err, context.Canceled) {
+				t.Fatalf("round %d: cancelled waiter = %v, want ErrNotObtained and context.Canceled", round, err)
+			}
+		}
+	}
+}
+
+// When a Client's fixed lease runs out while another process waits in Redis, the Client's
+// next goroutine does not take the lock ahead of it, even while the expired hold is still in
+// Redis (issue 9, point 14).
+func TestFixedLeaseRunOutRespectsTheRedisQueue(t *testing.T) {
+	for _, noCohort := range []bool{false, true} {
+		opts := []dlock.Option{dlock.WithTTL(300 * time.Millisecond), dlock.WithFixedLease(), dlock.WithDrift(0.3)}
+		if noCohort {
+			opts = append(opts, dlock.WithoutCohort())
+		}
+		a, _ := newClient(t, opts...)
+		b, _ := newClient(t)
+		ctx := ctxT(t)
+		name := redistest.Name(t)
+		first, err := a.Mutex(name).Lock(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan *dlock.Lease, 1)
+		go func() {
+			l, err := b.Mutex(name).Lock(ctx)
+			if err != nil {
+				t.Error(err)
+			}
+			got <- l
+		}()
+		waitQueued(t, b, name, 1)
+		waitDone(t, first, 2*time.Second)
+		// The lease ended locally 90 ms before the key expires in Redis.
+		if l, err := a.Mutex(name).TryLock(ctx); err == nil {
+			_ = l.Unlock(ctx)
+			t.Fatalf("noCohort %v: the Client took the lock ahead of the waiting process", noCohort)
+		}
+		l := <-got
+		if l == nil || l.Token() <= first.Token() {
+			t.Fatal("the waiting process did not get the lock")
+		}
+		_ = l.Unlock(ctx)
+	}
+}
