@@ -45,7 +45,8 @@ type proc struct {
 }
 
 // Config changes how a Server starts. The zero Config is a unix-socket server with no
-// persistence and no memory limit.
+// persistence and no memory limit, whose DEBUG command works (enable-debug-command local:
+// DEBUG SLEEP, DEBUG POPULATE, ...) and whose replicas sync at once (repl-diskless-sync-delay 0).
 type Config struct {
 	TCP bool // listen on a free loopback port instead of a unix socket
 	// Cluster starts a one-node Redis Cluster owning all 16384 slots (implies TCP), so
@@ -133,7 +134,8 @@ func launchOnce(bin string, env []string, cfg Config, k kind, conf string) (*Ser
 	s := &Server{dir: dir, env: env}
 	args := []string{"--dir", dir, "--daemonize", "no", "--logfile", filepath.Join(dir, "redis.log")}
 	if k != sentinel {
-		args = append(args, "--save", "", "--appendonly", "no", "--repl-diskless-sync-delay", "0")
+		args = append(args, "--save", "", "--appendonly", "no", "--repl-diskless-sync-delay", "0",
+			"--enable-debug-command", "local")
 	}
 	if cfg.TCP || k != standalone {
 		port, err := reservePort(k == clusterNode)

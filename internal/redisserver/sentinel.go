@@ -276,11 +276,25 @@ func (g *SentinelGroup) FailoverClient(opts ...func(*redis.FailoverOptions)) *re
 	return redis.NewFailoverClient(o)
 }
 
+// Replicas returns the running data servers whose ROLE is slave now, in Servers order.
+func (g *SentinelGroup) Replicas() []*Server {
+	var out []*Server
+	for _, s := range g.servers {
+		if !s.Running() {
+			continue
+		}
+		if r, err := s.Role(context.Background()); err == nil && r == "slave" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
 // Failover forces a failover (SENTINEL FAILOVER, retried while the sentinel answers INPROG
 // or NOGOODSLAVE) and returns once every running sentinel reports the same new master, that
 // server's ROLE is master, and the old master, if running, has been turned into its replica
 // with its link up (the sentinels do that some seconds later on their own; Failover does it
-// at once with REPLICAOF, so the group is whole again when it returns).
+// at once with REPLICAOF, so the group is whole again when it returns). It takes about 1s.
 func (g *SentinelGroup) Failover() error {
 	ctx := context.Background()
 	old := g.Master()
@@ -293,6 +307,9 @@ func (g *SentinelGroup) Failover() error {
 			first = s
 			break
 		}
+	}
+	if first == nil {
+		return fmt.Errorf("redisserver: failover: no sentinel running")
 	}
 	err := poll(10*time.Second, 50*time.Millisecond, func() (bool, string) {
 		err := first.adminClient().Do(ctx, "SENTINEL", "FAILOVER", g.name).Err()
@@ -308,8 +325,51 @@ func (g *SentinelGroup) Failover() error {
 	if err != nil {
 		return err
 	}
+	now, _, err := g.awaitNewMaster(old, 15*time.Second)
+	if err != nil || !old.Running() {
+		return err
+	}
+	host, port, _ := strings.Cut(now.Addr, ":")
+	if r, err := old.role(ctx); err != nil || r.role != "slave" || r.master != now.Addr {
+		if err := old.adminClient().ReplicaOf(ctx, host, port).Err(); err != nil {
+			return fmt.Errorf("redisserver: failover: REPLICAOF on the old master %s: %w", old.Addr, err)
+		}
+	}
+	return waitLinkUp(old, 10*time.Second)
+}
+
+// KillMaster kills the current master (Server.Kill) and waits until the sentinels have
+// promoted a replica: every running sentinel reports it and its ROLE is master. It returns
+// the new master and the time its ROLE was first seen to be master (polled every 10ms). With
+// the default DownAfter of 1s that is about 3-5s after the kill. Restart the killed server
+// to have the sentinels turn it into a replica.
+func (g *SentinelGroup) KillMaster() (*Server, time.Time, error) {
+	old := g.Master()
+	if old == nil {
+		return nil, time.Time{}, fmt.Errorf("redisserver: kill master: no sentinel reports a master")
+	}
+	old.Kill()
+	return g.awaitNewMaster(old, 30*time.Second)
+}
+
+// awaitNewMaster waits until every running sentinel reports the same master other than old
+// and that server's ROLE is master. The time returned is when that ROLE was first seen: the
+// servers' roles are polled every 10ms, as a replica turns master before the sentinels
+// announce it.
+func (g *SentinelGroup) awaitNewMaster(old *Server, timeout time.Duration) (*Server, time.Time, error) {
+	ctx := context.Background()
+	promoted := map[*Server]time.Time{}
 	var now *Server
-	err = poll(15*time.Second, 20*time.Millisecond, func() (bool, string) {
+	err := poll(timeout, 10*time.Millisecond, func() (bool, string) {
+		for _, s := range g.servers {
+			if s == old || !s.Running() || !promoted[s].IsZero() {
+				continue
+			}
+			at := time.Now()
+			if r, err := s.Role(ctx); err == nil && r == "master" {
+				promoted[s] = at
+			}
+		}
 		addr := ""
 		for _, s := range g.sentinels {
 			if !s.Running() {
@@ -327,24 +387,22 @@ func (g *SentinelGroup) Failover() error {
 		if now = g.server(addr); now == nil {
 			return false, "new master " + addr + " is not a server of this group"
 		}
-		if r, err := now.Role(ctx); err != nil || r != "master" {
-			return false, fmt.Sprintf("new master %s has role %q (%v)", addr, r, err)
+		if promoted[now].IsZero() {
+			return false, "new master " + addr + " does not say ROLE master yet"
 		}
 		return true, ""
 	}, "redisserver: failover from "+old.Addr+" not done")
 	if err != nil {
-		return fmt.Errorf("%w\nlog tail of sentinel %s:\n%s", err, first.Addr, first.LogTail(20))
-	}
-	if !old.Running() {
-		return nil
-	}
-	host, port, _ := strings.Cut(now.Addr, ":")
-	if r, err := old.role(ctx); err != nil || r.role != "slave" || r.master != now.Addr {
-		if err := old.adminClient().ReplicaOf(ctx, host, port).Err(); err != nil {
-			return fmt.Errorf("redisserver: failover: REPLICAOF on the old master %s: %w", old.Addr, err)
+		var tail string
+		for _, s := range g.sentinels {
+			if s.Running() {
+				tail = fmt.Sprintf("\nlog tail of sentinel %s:\n%s", s.Addr, s.LogTail(20))
+				break
+			}
 		}
+		return nil, time.Time{}, fmt.Errorf("%w%s", err, tail)
 	}
-	return waitLinkUp(old, 10*time.Second)
+	return now, promoted[now], nil
 }
 
 // Stop stops the sentinels, then the servers, and removes their directories.

@@ -170,6 +170,22 @@ func TestSentinel(t *testing.T) {
 	if v, err := fc.Get(ctx, "k").Result(); err != nil || v != "before" {
 		t.Fatalf("GET k = %q, %v; want before", v, err)
 	}
+	if len(g.Replicas()) != 2 {
+		t.Fatalf("%d replicas after the failover, want 2", len(g.Replicas()))
+	}
+
+	// A killed master: the sentinels promote a replica on their own.
+	start = time.Now()
+	promoted, at, err := g.KillMaster()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if promoted == now || g.Master() != promoted {
+		t.Fatalf("promoted %v, sentinels report %v; killed %v", promoted, g.Master(), now)
+	}
+	t.Logf("replica promoted %v after the kill (all sentinels agreed %v after)", at.Sub(start).Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+	ok := eventually(t, "write after the kill", func() error { return fc.Set(ctx, "k3", "after kill", 0).Err() })
+	t.Logf("failover client wrote %v after the promotion was seen", ok.Sub(at).Round(time.Millisecond))
 }
 
 func TestACLUser(t *testing.T) {
@@ -232,6 +248,42 @@ func TestAOFRestart(t *testing.T) {
 		}
 		return err
 	})
+}
+
+func TestRestartNoWaitSeesLoading(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := redistest.StartT(t, redistest.Config{AOF: true})
+	c := s.Client()
+	defer c.Close()
+	// A million keys in the AOF take Redis about half a second to load.
+	if err := c.Do(ctx, "DEBUG", "POPULATE", 1000000).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.BgRewriteAOF(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "AOF rewrite", func() error {
+		info, err := c.Info(ctx, "persistence").Result()
+		if err == nil && !(strings.Contains(info, "aof_rewrite_in_progress:0") && strings.Contains(info, "aof_rewrite_scheduled:0")) {
+			err = errors.New("rewrite in progress")
+		}
+		return err
+	})
+	s.Kill()
+	if err := s.RestartNoWait(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Ping(ctx).Err(); err == nil || !strings.HasPrefix(err.Error(), "LOADING") {
+		t.Fatalf("PING right after RestartNoWait: %v, want LOADING", err)
+	}
+	s.Kill()
+	if err := s.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := c.DBSize(ctx).Result(); err != nil || n != 1000000 {
+		t.Fatalf("right after Restart: DBSIZE = %d, %v; want 1000000", n, err)
+	}
 }
 
 func TestMaxMemory(t *testing.T) {
