@@ -143,7 +143,8 @@ func TestNilAndClosedRedisClients(t *testing.T) {
 	defer held.Unlock(ctx)
 	wctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
 	defer cancel()
-	_, err = dlock.New(redistest.Client(t)).Mutex(name).Lock(wctx)
+	c3, _ := newClient(t)
+	_, err = c3.Mutex(name).Lock(wctx)
 	if !errors.Is(err, dlock.ErrNotObtained) || !errors.Is(err, context.DeadlineExceeded) || strings.Contains(err.Error(), "\n") {
 		t.Fatalf("Lock until the ctx ends = %q: want one line matching ErrNotObtained and DeadlineExceeded", err)
 	}
