@@ -244,7 +244,7 @@ func (c *Client) notifierFor(ctx context.Context, key string) *notifier {
 	}
 	n := c.notifiers[addr]
 	if n == nil {
-		n = newNotifier(node, c.publishCmd == "SPUBLISH", c.bg.Done())
+		n = newNotifier(c, node, c.publishCmd == "SPUBLISH")
 		c.notifiers[addr] = n
 	}
 	c.mu.Unlock()

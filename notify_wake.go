@@ -1,0 +1,152 @@
+package dlock
+
+import (
+	"context"
+	"time"
+)
+
+// The waking half of the notifier: release channels and the waiters subscribed to them.
+
+type channelState struct {
+	refs      int
+	confirmed bool
+	ready     chan struct{}            // closed when SUBSCRIBE is confirmed
+	waiters   map[chan struct{}]string // wake-up channel -> the waiter's owner id
+	idleSince time.Time
+}
+
+func wakeAll(cs *channelState) { wake(cs, "") }
+
+// wake wakes the waiters of owner, or all waiters when owner is "".
+func wake(cs *channelState, owner string) {
+	for w, o := range cs.waiters {
+		if owner != "" && o != owner {
+			continue
+		}
+		select {
+		case w <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// released handles a message on a lock's channel. "g <owner>": a release granted the lock to
+// owner; "w <owner>": it freed the lock for owner, first in line, to compete for; either way
+// only that waiter wakes. Anything else wakes every waiter.
+func (n *notifier) released(channel, payload string) {
+	owner := ""
+	if len(payload) > 2 && payload[1] == ' ' {
+		owner = payload[2:]
+	}
+	n.mu.Lock()
+	if cs := n.chans[channel]; cs != nil {
+		wake(cs, owner)
+	}
+	n.mu.Unlock()
+}
+
+func (n *notifier) confirm(channel string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if cs := n.chans[channel]; cs != nil && !cs.confirmed {
+		cs.confirmed = true
+		close(cs.ready)
+	}
+}
+
+// subscribed reports whether channel is already subscribed and confirmed (a hot lock).
+func (n *notifier) subscribed(channel string) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	cs := n.chans[channel]
+	return cs != nil && cs.confirmed
+}
+
+// A subscription is one waiter's interest in a release channel.
+type subscription struct {
+	n         *notifier
+	channel   string
+	c         chan struct{}
+	confirmed bool // false: the channel may not be subscribed, so the waiter must poll
+}
+
+// subscribe registers a waiter on channel and returns once Redis confirmed the subscription
+// (or after confirmTimeout, when ctx ends, the Client closes or subscriptions are refused,
+// with confirmed false), so a release published after this returns is never missed while the
+// connection stays up.
+func (n *notifier) subscribe(ctx context.Context, channel, owner string) *subscription {
+	s := &subscription{n: n, channel: channel, c: make(chan struct{}, 1)}
+	n.psMu.Lock()
+	n.mu.Lock()
+	if n.noPubSub {
+		n.mu.Unlock()
+		n.psMu.Unlock()
+		return s
+	}
+	cs := n.chans[channel]
+	fresh := cs == nil
+	if fresh {
+		cs = &channelState{ready: make(chan struct{}), waiters: make(map[chan struct{}]string)}
+		n.chans[channel] = cs
+	}
+	cs.refs++
+	cs.waiters[s.c] = owner
+	ready, denied := cs.ready, n.denied
+	n.mu.Unlock()
+	if fresh {
+		if n.sharded {
+			_ = n.ps.SSubscribe(n.psCtx, channel) // a failure shows up as a missing confirmation
+		} else {
+			_ = n.ps.Subscribe(n.psCtx, channel)
+		}
+	}
+	n.psMu.Unlock()
+
+	t := time.NewTimer(confirmTimeout)
+	defer t.Stop()
+	select {
+	case <-ready:
+		s.confirmed = true
+	case <-denied:
+	case <-ctx.Done():
+	case <-n.closing:
+	case <-t.C:
+	}
+	return s
+}
+
+func (s *subscription) close() {
+	n := s.n
+	n.mu.Lock()
+	if cs := n.chans[s.channel]; cs != nil {
+		delete(cs.waiters, s.c)
+		cs.refs--
+		if cs.refs == 0 {
+			cs.idleSince = time.Now()
+		}
+	}
+	n.mu.Unlock()
+}
+
+// unsubscribeIdle drops confirmed channels nobody waited on for idleChannelAfter. Hot locks
+// stay subscribed, so their waiters skip the SUBSCRIBE round trip.
+func (n *notifier) unsubscribeIdle() {
+	n.psMu.Lock()
+	defer n.psMu.Unlock()
+	var idle []string
+	n.mu.Lock()
+	for ch, cs := range n.chans {
+		if cs.refs == 0 && cs.confirmed && time.Since(cs.idleSince) > idleChannelAfter {
+			idle = append(idle, ch)
+			delete(n.chans, ch)
+		}
+	}
+	n.mu.Unlock()
+	if len(idle) > 0 {
+		if n.sharded {
+			_ = n.ps.SUnsubscribe(n.psCtx, idle...)
+		} else {
+			_ = n.ps.Unsubscribe(n.psCtx, idle...)
+		}
+	}
+}
