@@ -147,13 +147,14 @@ func (c *Cluster) join(replicas int) error {
 	if err != nil {
 		return err
 	}
-	return c.waitStable(15 * time.Second)
+	return c.WaitStable(15 * time.Second)
 }
 
-// waitStable waits until every running node says cluster_state:ok and knows every node,
+// WaitStable waits until every running node says cluster_state:ok and knows every node,
 // every running replica's link to its master is up, and all running nodes agree on the
-// slot map and on who replicates whom.
-func (c *Cluster) waitStable(timeout time.Duration) error {
+// slot map and on who replicates whom. StartCluster and GracefulFailover end with it; call
+// it after KillMaster or a Restart to let the cluster settle before the next fault.
+func (c *Cluster) WaitStable(timeout time.Duration) error {
 	ctx := context.Background()
 	var bad *Server
 	err := poll(timeout, 20*time.Millisecond, func() (bool, string) {
@@ -385,7 +386,7 @@ func (c *Cluster) GracefulFailover(replica *Server) error {
 	if err != nil {
 		return fmt.Errorf("%w\nlog tail of %s:\n%s", err, replica.Addr, replica.LogTail(15))
 	}
-	return c.waitStable(10 * time.Second)
+	return c.WaitStable(10 * time.Second)
 }
 
 // AwaitPromotion waits until replica's ROLE is master, polling every 5ms, and returns the
@@ -413,7 +414,8 @@ func (c *Cluster) AwaitPromotion(replica *Server, timeout time.Duration) (time.T
 
 // KillMaster kills master (Server.Kill), waits until its replica takes over
 // (AwaitPromotion, up to 15s) and returns that replica and the time its promotion was first
-// seen. Restart the killed node to have it rejoin as a replica.
+// seen. It returns at once then: the other nodes may learn of the promotion a moment later
+// (WaitStable waits for that). Restart the killed node to have it rejoin as a replica.
 func (c *Cluster) KillMaster(master *Server) (*Server, time.Time, error) {
 	replica := c.ReplicaOf(master)
 	if replica == nil {

@@ -292,9 +292,10 @@ func (g *SentinelGroup) Replicas() []*Server {
 
 // Failover forces a failover (SENTINEL FAILOVER, retried while the sentinel answers INPROG
 // or NOGOODSLAVE) and returns once every running sentinel reports the same new master, that
-// server's ROLE is master, and the old master, if running, has been turned into its replica
-// with its link up (the sentinels do that some seconds later on their own; Failover does it
-// at once with REPLICAOF, so the group is whole again when it returns). It takes about 1s.
+// server's ROLE is master, the old master, if running, has been turned into its replica with
+// its link up (the sentinels do that some seconds later on their own; Failover does it at
+// once with REPLICAOF), and the failover has ended on every sentinel, so the group is whole
+// again and ready for the next fault. It takes about 2s.
 func (g *SentinelGroup) Failover() error {
 	ctx := context.Background()
 	old := g.Master()
@@ -326,8 +327,11 @@ func (g *SentinelGroup) Failover() error {
 		return err
 	}
 	now, _, err := g.awaitNewMaster(old, 15*time.Second)
-	if err != nil || !old.Running() {
+	if err != nil {
 		return err
+	}
+	if !old.Running() {
+		return g.waitFailoverEnd(15 * time.Second)
 	}
 	host, port, _ := strings.Cut(now.Addr, ":")
 	if r, err := old.role(ctx); err != nil || r.role != "slave" || r.master != now.Addr {
@@ -335,21 +339,59 @@ func (g *SentinelGroup) Failover() error {
 			return fmt.Errorf("redisserver: failover: REPLICAOF on the old master %s: %w", old.Addr, err)
 		}
 	}
-	return waitLinkUp(old, 10*time.Second)
+	if err := waitLinkUp(old, 10*time.Second); err != nil {
+		return err
+	}
+	return g.waitFailoverEnd(15 * time.Second)
+}
+
+// waitFailoverEnd waits until no running sentinel has a failover of the master in progress
+// and all of them think it up (SENTINEL MASTER flags are just "master"). A sentinel that led
+// a failover keeps reporting the replica it promoted until its failover ends, and the
+// failover does not end while that replica is down: killing the new master before then
+// leaves that sentinel stuck on it.
+func (g *SentinelGroup) waitFailoverEnd(timeout time.Duration) error {
+	ctx := context.Background()
+	var stuck *Server
+	err := poll(timeout, 20*time.Millisecond, func() (bool, string) {
+		for _, s := range g.sentinels {
+			if !s.Running() {
+				continue
+			}
+			stuck = s
+			m, err := sentinelMap(s.adminClient().Do(ctx, "SENTINEL", "MASTER", g.name).Result())
+			if err != nil {
+				return false, s.Addr + ": " + err.Error()
+			}
+			if m["flags"] != "master" {
+				return false, fmt.Sprintf("sentinel %s: master %s:%s flags %s, failover-state %s", s.Addr, m["ip"], m["port"], m["flags"], m["failover-state"])
+			}
+		}
+		return true, ""
+	}, "redisserver: failover not ended")
+	if err != nil && stuck != nil {
+		err = fmt.Errorf("%w\nlog tail of sentinel %s:\n%s", err, stuck.Addr, stuck.LogTail(20))
+	}
+	return err
 }
 
 // KillMaster kills the current master (Server.Kill) and waits until the sentinels have
-// promoted a replica: every running sentinel reports it and its ROLE is master. It returns
-// the new master and the time its ROLE was first seen to be master (polled every 10ms). With
-// the default DownAfter of 1s that is about 3-5s after the kill. Restart the killed server
-// to have the sentinels turn it into a replica.
+// promoted a replica: every running sentinel reports it, its ROLE is master, and the
+// failover has ended on every sentinel. It returns the new master and the time its ROLE was
+// first seen to be master (roles are polled every 10ms). With the default DownAfter of 1s
+// that is about 1.5-3s after the kill, and the sentinels announce it up to a second later.
+// Restart the killed server to have the sentinels turn it into a replica.
 func (g *SentinelGroup) KillMaster() (*Server, time.Time, error) {
 	old := g.Master()
 	if old == nil {
 		return nil, time.Time{}, fmt.Errorf("redisserver: kill master: no sentinel reports a master")
 	}
 	old.Kill()
-	return g.awaitNewMaster(old, 30*time.Second)
+	now, at, err := g.awaitNewMaster(old, 30*time.Second)
+	if err == nil {
+		err = g.waitFailoverEnd(15 * time.Second)
+	}
+	return now, at, err
 }
 
 // awaitNewMaster waits until every running sentinel reports the same master other than old
