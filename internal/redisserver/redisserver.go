@@ -103,9 +103,8 @@ func Start(cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// launch starts a server of kind k. For a sentinel, conf is its config file, with "%PORT%"
-// standing for its own port. A TCP port another process took between the check and the bind
-// is retried with a new port.
+// launch starts a server of kind k; for a sentinel, conf is its config file. A TCP port
+// another process took between the check and the bind is retried with a new port.
 func launch(cfg Config, k kind, conf string) (*Server, error) {
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
@@ -157,9 +156,8 @@ func launchOnce(bin string, env []string, cfg Config, k kind, conf string) (*Ser
 	case clusterNode:
 		args = append(args, "--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(dir, "nodes.conf"))
 	case sentinel:
-		path := filepath.Join(dir, "sentinel.conf")
-		port := strings.TrimPrefix(s.Addr, "127.0.0.1:")
-		if err := os.WriteFile(path, []byte(strings.ReplaceAll(conf, "%PORT%", port)), 0o600); err != nil {
+		path := filepath.Join(dir, "sentinel.conf") // sentinels rewrite their config: a file of their own
+		if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
 			s.release()
 			return nil, err
 		}

@@ -72,12 +72,14 @@ func StartSentinel(cfg SentinelConfig) (*SentinelGroup, error) {
 	if failoverTimeout <= 0 {
 		failoverTimeout = 3 * time.Second
 	}
-	err := g.start(cfg, replicas, sentinels, fmt.Sprintf(
-		"sentinel monitor %[1]s 127.0.0.1 %%MASTERPORT%% %[2]d\n"+
-			"sentinel down-after-milliseconds %[1]s %[3]d\n"+
-			"sentinel failover-timeout %[1]s %[4]d\n"+
-			"sentinel parallel-syncs %[1]s %[5]d\n",
-		g.name, quorum, downAfter.Milliseconds(), failoverTimeout.Milliseconds(), max(replicas, 1)))
+	conf := func(masterPort string) string {
+		return fmt.Sprintf("sentinel monitor %[1]s 127.0.0.1 %[2]s %[3]d\n"+
+			"sentinel down-after-milliseconds %[1]s %[4]d\n"+
+			"sentinel failover-timeout %[1]s %[5]d\n"+
+			"sentinel parallel-syncs %[1]s %[6]d\n",
+			g.name, masterPort, quorum, downAfter.Milliseconds(), failoverTimeout.Milliseconds(), max(replicas, 1))
+	}
+	err := g.start(cfg, replicas, sentinels, conf)
 	if err != nil {
 		g.Stop()
 		return nil, fmt.Errorf("redisserver: start sentinel group: %w", err)
@@ -85,8 +87,9 @@ func StartSentinel(cfg SentinelConfig) (*SentinelGroup, error) {
 	return g, nil
 }
 
-// start launches the servers and sentinels and waits until the group is ready.
-func (g *SentinelGroup) start(cfg SentinelConfig, replicas, sentinels int, conf string) error {
+// start launches the servers and sentinels and waits until the group is ready; conf gives
+// the sentinels' config file for the master's port.
+func (g *SentinelGroup) start(cfg SentinelConfig, replicas, sentinels int, conf func(masterPort string) string) error {
 	mcfg := cfg.Server
 	mcfg.TCP = true
 	master, err := launch(mcfg, standalone, "")
@@ -116,9 +119,8 @@ func (g *SentinelGroup) start(cfg SentinelConfig, replicas, sentinels int, conf 
 		}
 	}
 	g.sentinels = make([]*Server, sentinels)
-	conf = strings.ReplaceAll(conf, "%MASTERPORT%", port)
 	err = parallel(sentinels, func(i int) error {
-		s, err := launch(Config{TCP: true}, sentinel, conf)
+		s, err := launch(Config{TCP: true}, sentinel, conf(port))
 		g.sentinels[i] = s
 		return err
 	})
