@@ -63,7 +63,7 @@ func (c *Client) tryHold(ctx context.Context, s holdSpec, queue bool) (*hold, ti
 			c.abandon(s, holdID)
 		}
 		if cerr := ctx.Err(); cerr != nil {
-			return nil, 0, notObtained(s.name, cerr)
+			return nil, 0, notObtained(s.name, cerr, redisErr("lock", s.name, err))
 		}
 		return nil, 0, redisErr("lock", s.name, err)
 	}
@@ -176,9 +176,7 @@ func (c *Client) waitHold(ctx context.Context, s holdSpec, contended bool) (*hol
 		case errors.Is(err, ErrNotObtained) && ctx.Err() == nil:
 			failing, backoff = nil, 0
 		default:
-			if ctx.Err() != nil || c.checkOpen() != nil {
-				leave()
-			}
+			leave() // it may have joined the queue: a grant must not wait for it
 			if ctx.Err() != nil && failing != nil {
 				return nil, notObtained(s.name, ctx.Err(), failing)
 			}

@@ -11,7 +11,7 @@ import (
 )
 
 const (
-	// cohortBlock is how many tokens a hold reserves (see grant.lua) and so the most local
+	// cohortBlock is how many tokens a hold reserves (see lib.lua) and so the most local
 	// hand-offs one Redis hold can serve.
 	cohortBlock = 64
 	// cohortBatchTime bounds how long a Client keeps a contended lock for its own goroutines
@@ -148,7 +148,13 @@ func (co *cohort) lock(ctx context.Context, m *Mutex, wait bool) (l *Lease, w *c
 			co.mu.Unlock()
 			return l, nil, nil, false
 		}
-		if h == nil && (!errors.Is(err, ErrNotObtained) || !wait || ctx.Err() != nil) {
+		// Taken, Redis unavailable (the acquirer retries it), or lost the moment it was
+		// taken: Lock queues; anything else, TryLock, or a done ctx returns.
+		retry := h != nil || errors.Is(err, ErrNotObtained) || errors.Is(err, ErrUnavailable)
+		if !wait || ctx.Err() != nil || !retry {
+			if err == nil {
+				err = notObtained(m.name, errLostAtOnce)
+			}
 			co.kickLocked() // serve waiters that queued meanwhile
 			co.retireIfIdleLocked()
 			co.mu.Unlock()
@@ -259,7 +265,9 @@ func (co *cohort) acquire(ctx context.Context, cancel context.CancelFunc) {
 	default:
 		h := co.detachLocked() // everyone left meanwhile
 		co.mu.Unlock()
-		_ = co.releaseDetached(context.Background(), h, nil)
+		rctx, rcancel := context.WithTimeout(co.c.cleanup, abandonTimeout)
+		defer rcancel()
+		_ = co.releaseDetached(rctx, h, nil)
 		return
 	}
 	co.retireIfIdleLocked()
@@ -335,7 +343,9 @@ func (co *cohort) releaseLaterLocked() {
 	}
 	go func() {
 		defer co.c.wg.Done()
-		_ = co.releaseDetached(context.Background(), h, nil)
+		ctx, cancel := context.WithTimeout(co.c.cleanup, abandonTimeout)
+		defer cancel()
+		_ = co.releaseDetached(ctx, h, nil)
 	}()
 }
 
@@ -356,15 +366,23 @@ func (co *cohort) releaseDetached(ctx context.Context, h *hold, l *Lease) error 
 	var err error
 	switch {
 	case h == nil || !h.beginRelease():
+		// Lost or ended by Close while we got here: the lease ends with that.
 		if l != nil {
+			lost := fmt.Errorf("%w: lock %q", ErrClosed, l.m.name)
+			if h != nil {
+				lost = h.lossErr()
+			}
+			l.finish(lost, true)
 			err = l.heldErr()
-			l.finish(nil, true)
 		}
 	case l != nil:
 		err = l.finishRelease(ctx, h)
 	default:
-		_, _ = h.release(ctx) // on failure the lock expires; a new hold of ours re-takes it
+		_, rerr := h.release(ctx)
 		h.end(nil, false)
+		if rerr != nil {
+			h.releaseLater() // no answer: retried until Redis answers or the TTL has run out
+		}
 	}
 	co.mu.Lock()
 	co.busy = false

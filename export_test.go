@@ -21,7 +21,7 @@ func CohortWaiters(c *Client, name string) int {
 // LayoutVersion is the key layout, for tests to check against lib.lua.
 const LayoutVersion = layoutVersion
 
-// CohortBlock is the number of tokens a hold reserves, for tests to check against grant.lua.
+// CohortBlock is the number of tokens a hold reserves, for tests to check against lib.lua.
 const CohortBlock = cohortBlock
 
 // CohortState reports whether c's cohort on name has a hold and a linger timer.

@@ -114,6 +114,9 @@ func (h *hold) lossErr() error {
 	if h.err != nil {
 		return h.err
 	}
+	if h.c.checkOpen() != nil {
+		return fmt.Errorf("%w: lock %q", ErrClosed, h.name) // Close is releasing it
+	}
 	return leaseLost(h.name, errRenewRefused)
 }
 

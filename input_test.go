@@ -48,16 +48,23 @@ func TestBadInputIsRejectedClearly(t *testing.T) {
 	}
 }
 
-func TestRedisDownIsAnErrorNotAWait(t *testing.T) {
+// With Redis down, TryLock returns ErrUnavailable naming the cause at once; Lock waits it out
+// until its ctx ends and then says both (issue 9, point 4).
+func TestRedisDownIsUnavailable(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Network: "unix", Addr: t.TempDir() + "/nothing.sock", MaxRetries: -1})
 	defer rdb.Close()
-	c := dlock.New(rdb)
-	defer c.Close(context.Background())
-	ctx := ctxT(t)
-	for op, f := range map[string]func(context.Context) (*dlock.Lease, error){"TryLock": c.Mutex("a").TryLock, "Lock": c.Mutex("a").Lock} {
-		l, err := f(ctx)
-		if l != nil || err == nil || errors.Is(err, dlock.ErrNotObtained) || !strings.Contains(err.Error(), "nothing.sock") {
-			t.Fatalf("%s with Redis down = %v, %v; want the connection error", op, l, err)
+	for _, opts := range [][]dlock.Option{nil, {dlock.WithoutCohort()}} {
+		c := dlock.New(rdb, opts...)
+		defer c.Close(context.Background())
+		l, err := c.Mutex("a").TryLock(ctxT(t))
+		if l != nil || !errors.Is(err, dlock.ErrUnavailable) || errors.Is(err, dlock.ErrNotObtained) || !strings.Contains(err.Error(), "nothing.sock") {
+			t.Fatalf("TryLock with Redis down = %v, %v; want ErrUnavailable naming the connection error", l, err)
+		}
+		ctx, cancel := context.WithTimeout(ctxT(t), 300*time.Millisecond)
+		l, err = c.Mutex("a").Lock(ctx)
+		cancel()
+		if l != nil || !errors.Is(err, dlock.ErrNotObtained) || !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, dlock.ErrUnavailable) {
+			t.Fatalf("Lock with Redis down = %v, %v; want ErrNotObtained, DeadlineExceeded and ErrUnavailable", l, err)
 		}
 	}
 }

@@ -16,7 +16,7 @@ type keys struct {
 	opLog   string // last release id and pending grant per owner, so retried calls are not applied twice
 	queue   string // sorted set of waiting owners by arrival: first come first served
 	live    string // hash {waiting owner: liveness deadline}, so dead waiters are skipped
-	channel string // pub/sub channel for grants ("g <owner>") and releases ("r")
+	channel string // pub/sub channel: "g <owner>" a grant to owner, "w <owner>" freed for owner, first in line
 }
 
 // Suffixes of a lock's keys after the lock key (see lockKeys).

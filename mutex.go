@@ -10,7 +10,8 @@ import (
 // A Mutex is a handle on one named lock. It is cheap to create and holds no Redis state. Like
 // a sync.Mutex it excludes goroutines: two goroutines that call Lock on the same *Mutex (or on
 // two handles of the lock) never both hold it; the second waits, or gets ErrNotObtained from
-// TryLock. A Mutex is safe for concurrent use.
+// TryLock. The one exception is explicit: handles made WithOwner with the same id are one
+// owner and re-enter each other (below). A Mutex is safe for concurrent use.
 //
 // Re-entry is explicit: a Lock or TryLock of the same lock on the same Client given the
 // context of a held lease (Lease.Context, or a context derived from it) re-enters that lease:
@@ -86,8 +87,9 @@ func (m *Mutex) TryLock(ctx context.Context) (*Lease, error) {
 // keeps trying with backoff.
 //
 // When ctx ends first, Lock returns an error matching both ErrNotObtained and ctx.Err() (and
-// ErrUnavailable if Redis was failing then); a ctx that is done when Lock returns never yields
-// a lease. Other errors are those of TryLock, except ErrUnavailable, which Lock waits out.
+// ErrUnavailable when its last finished attempt failed so); a ctx that is done when Lock
+// returns never yields a lease. Other errors are those of TryLock, except ErrUnavailable,
+// which Lock waits out.
 func (m *Mutex) Lock(ctx context.Context) (*Lease, error) {
 	return m.lock(ctx, true)
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -141,7 +142,7 @@ func TestRunForwardsSignalsAndReleases(t *testing.T) {
 	if code := exitCode(err); code != 3 || !strings.Contains(out.String(), "got-term") {
 		t.Fatalf("after SIGTERM: exit %d, output %q; want the command's trap to run and exit 3", code, out.String())
 	}
-	if code, stdout, _ := runDlock(t, "status", name); code != 0 || !strings.Contains(stdout, "state:      free") {
+	if code, stdout, _ := runDlock(t, "status", name); code != 0 || !regexp.MustCompile(`state:\s+free`).MatchString(stdout) {
 		t.Fatalf("lock after the run ended: %q", stdout)
 	}
 }

@@ -8,10 +8,11 @@
 -- changed nothing. Without it those errors could stop a script half-way. It also makes a
 -- server older than 7.0 refuse every script at once (dlock needs 7.0 for PEXPIRE GT).
 --
--- Errors that could still come mid-script are ruled out by the order of the writes: what a
--- later step relies on is written first, and PUBLISH, the one call a restricted ACL user may
--- be refused, runs last through pcall, so its refusal only costs a wake-up (waiters re-check
--- on their own within their refresh period).
+-- Errors that could still come mid-script are ruled out by the order of the writes, as long as
+-- dlock's keys hold what dlock wrote (a lock key overwritten with another type is read with
+-- pcall and counts as held by someone else): what a later step relies on is written first,
+-- and PUBLISH, the one call a restricted ACL user may be refused, runs last through pcall, so
+-- its refusal only costs a wake-up (waiters re-check on their own within their refresh period).
 
 -- LAYOUT names this key layout. Every lock hash carries it in its "#v" field, and a script
 -- that finds a lock without it (written by another dlock version) refuses to touch it, so

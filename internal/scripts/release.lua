@@ -2,7 +2,7 @@
 -- (direct grant: no herd, first come first served) or delete it.
 --
 -- KEYS[1] lock hash   (see acquire.lua)
--- KEYS[2] op log      hash (see acquire.lua)
+-- KEYS[2] op log      hash (see acquire.lua; r:<owner> holds the owner's recent release ids)
 -- KEYS[3] fence
 -- KEYS[4] queue       sorted set of waiting owners scored by when they joined (ms)
 -- KEYS[5] liveness    hash {waiting owner: deadline in ms of server time}
@@ -26,10 +26,29 @@
 -- this call's earlier attempt did not release it. Only the hold named by ARGV[2] is touched.
 local owner, mark = ARGV[1], '#' .. ARGV[2]
 
--- log_release records the hold id as the owner's last release, so a retry is recognised.
+-- The op log keeps the hold ids of the owner's RECENT last releases (newest first), so a
+-- retried release is recognised even after the same owner (a Client's cohort, a WithOwner
+-- id) released other holds meanwhile.
+local RECENT = 4
+
+-- log_release records the hold id among the owner's recent releases.
 local function log_release()
-  redis.call('HSET', KEYS[2], 'r:' .. owner, ARGV[2])
+  local k = 'r:' .. owner
+  local v, n = ARGV[2], 1
+  for id in string.gmatch(redis.call('HGET', KEYS[2], k) or '', '%S+') do
+    if n == RECENT then break end
+    v, n = v .. ' ' .. id, n + 1
+  end
+  redis.call('HSET', KEYS[2], k, v)
   redis.call('PEXPIRE', KEYS[2], ARGV[3])
+end
+
+-- released_before reports whether this very hold was released by an earlier attempt.
+local function released_before()
+  for id in string.gmatch(redis.call('HGET', KEYS[2], 'r:' .. owner) or '', '%S+') do
+    if id == ARGV[2] then return true end
+  end
+  return false
 end
 
 -- hand_on frees the lock: to the first live waiter if any.
@@ -70,8 +89,8 @@ if not f or not f[1] then
     return 0
   end
   -- The hold's field goes only with its release or with the whole lock: it was released
-  -- before if the owner's last release was this very hold.
-  if redis.call('HGET', KEYS[2], 'r:' .. owner) == ARGV[2] then
+  -- before if it is among the owner's recent releases.
+  if released_before() then
     return 1
   end
   return 0

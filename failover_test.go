@@ -1,0 +1,207 @@
+package dlock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// killNotifyConns closes dlock's notification connections on srv whose CLIENT LIST flags
+// contain flag ('t': the tracking reader, 'P': the pub/sub receiver) and returns how many.
+func killNotifyConns(t *testing.T, srv *redistest.Server, flag string) int {
+	t.Helper()
+	ctx := ctxT(t)
+	admin := srv.Client()
+	defer admin.Close()
+	list, err := admin.ClientList(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	killed := 0
+	for _, line := range strings.Split(list, "\n") {
+		var id, flags string
+		named := false
+		for _, f := range strings.Fields(line) {
+			if v, ok := strings.CutPrefix(f, "id="); ok {
+				id = v
+			} else if v, ok := strings.CutPrefix(f, "flags="); ok {
+				flags = v
+			} else if f == "name=dlock-notify" {
+				named = true
+			}
+		}
+		if named && strings.Contains(flags, flag) {
+			if n, err := srv.KillClients(ctx, "ID", id); err == nil {
+				killed += n
+			}
+		}
+	}
+	return killed
+}
+
+// Loss detection survives the death of either notification connection, and the server's idle
+// timeout: a loss during the outage is reported within about a second (issue 9, point 1).
+func TestLossFoundAfterANotificationConnectionDies(t *testing.T) {
+	for _, c := range []struct{ name, flag string }{{"tracking", "t"}, {"pubsub", "P"}, {"idle-timeout", ""}} {
+		t.Run(c.name, func(t *testing.T) {
+			srv := redistest.StartT(t, redistest.Config{})
+			rdb := srv.Client()
+			defer rdb.Close()
+			ctx := ctxT(t)
+			dl := dlock.New(rdb)
+			defer dl.Close(ctx)
+			other := dlock.New(rdb)
+			defer other.Close(ctx)
+			name := redistest.Name(t)
+			l := lockTracked(t, dl.Mutex(name))
+			if c.flag == "" {
+				rdb.ConfigSet(ctx, "timeout", "1")
+				time.Sleep(2500 * time.Millisecond) // idle connections would be closed by now
+			} else if n := killNotifyConns(t, srv, c.flag); n != 1 {
+				t.Fatalf("killed %d %s connections, want 1", n, c.name)
+			}
+			// Taken by another owner while the connection is down.
+			if _, err := other.ForceRelease(ctx, name); err != nil {
+				t.Fatal(err)
+			}
+			taken, err := other.Mutex(name).TryLock(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			waitDone(t, l, 1500*time.Millisecond)
+			t.Logf("%s: loss reported %v after the lock was taken", c.name, time.Since(start).Round(time.Millisecond))
+			if !errors.Is(l.Err(), dlock.ErrLeaseLost) {
+				t.Fatalf("Err = %v", l.Err())
+			}
+			_ = taken.Unlock(ctx)
+		})
+	}
+}
+
+// holdMany takes n leases on distinct locks and returns them.
+func holdMany(t *testing.T, c *dlock.Client, prefix string, n int) []*dlock.Lease {
+	t.Helper()
+	ls := make([]*dlock.Lease, n)
+	for i := range ls {
+		l, err := c.Mutex(fmt.Sprintf("%s-%d", prefix, i)).Lock(ctxT(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls[i] = l
+	}
+	return ls
+}
+
+// falseLosses counts leases that ended although their lock is still theirs.
+func falseLosses(ls []*dlock.Lease) (lost int, first error) {
+	for _, l := range ls {
+		if err := l.Err(); err != nil {
+			lost++
+			if first == nil {
+				first = err
+			}
+		}
+	}
+	return lost, first
+}
+
+// A restart that kept the data is no loss: LOADING is not an answer (issue 9, point 2).
+func TestRestartWithPersistenceIsNoLoss(t *testing.T) {
+	srv := redistest.StartT(t, redistest.Config{AOF: true})
+	rdb := srv.Client()
+	defer rdb.Close()
+	ctx := ctxT(t)
+	dl := dlock.New(rdb, dlock.WithTTL(6*time.Second))
+	defer dl.Close(ctx)
+	ls := holdMany(t, dl, redistest.Name(t), 50)
+	for _, l := range ls {
+		<-dlock.Tracked(l)
+	}
+	srv.Kill()
+	if err := srv.RestartNoWait(); err != nil {
+		t.Fatal(err)
+	}
+	// Renewals and re-reads meet LOADING, then the data: wait past two renewal periods.
+	time.Sleep(4500 * time.Millisecond)
+	if n, err := falseLosses(ls); n > 0 {
+		t.Fatalf("%d of %d leases lost across a restart that kept their locks: %v", n, len(ls), err)
+	}
+	for _, l := range ls {
+		if err := l.Unlock(ctx); err != nil {
+			t.Fatalf("Unlock after the restart: %v", err)
+		}
+	}
+}
+
+// A Sentinel failover, and a paused master that comes back after one, are no loss; locks
+// are taken through the new master (issue 9, point 2).
+func TestSentinelFailoverIsNoLoss(t *testing.T) {
+	g := redistest.StartSentinelT(t, redistest.SentinelConfig{})
+	rdb := g.FailoverClient()
+	defer rdb.Close()
+	ctx := ctxT(t)
+	dl := dlock.New(rdb, dlock.WithTTL(8*time.Second))
+	defer dl.Close(ctx)
+	ls := holdMany(t, dl, redistest.Name(t), 30)
+	for _, l := range ls {
+		<-dlock.Tracked(l)
+	}
+	old := g.Master()
+	if err := g.Failover(); err != nil {
+		t.Fatal(err)
+	}
+	if g.Master() == old {
+		t.Fatal("no new master")
+	}
+	l, err := dl.Mutex(redistest.Name(t)).Lock(ctx)
+	if err != nil {
+		t.Fatalf("lock after the failover: %v", err)
+	}
+	_ = l.Unlock(ctx)
+	time.Sleep(3 * time.Second) // renewals and re-reads on the new master
+	if n, err := falseLosses(ls); n > 0 {
+		t.Fatalf("%d of %d leases lost in a Sentinel failover: %v", n, len(ls), err)
+	}
+	for _, l := range ls {
+		if err := l.Unlock(ctx); err != nil {
+			t.Fatalf("Unlock after the failover: %v", err)
+		}
+	}
+}
+
+// A graceful Cluster failover is no loss (issue 9, point 2).
+func TestClusterFailoverIsNoLoss(t *testing.T) {
+	cl := redistest.StartClusterT(t, redistest.ClusterConfig{})
+	cc := cl.Client()
+	defer cc.Close()
+	ctx := ctxT(t)
+	dl := dlock.New(cc, dlock.WithTTL(6*time.Second))
+	defer dl.Close(ctx)
+	ls := holdMany(t, dl, redistest.Name(t), 60) // on every shard
+	for _, l := range ls {
+		<-dlock.Tracked(l)
+	}
+	master := cl.Masters()[0]
+	if err := cl.GracefulFailover(cl.ReplicaOf(master)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * time.Second) // renewals and re-reads after the failover
+	if n, err := falseLosses(ls); n > 0 {
+		t.Fatalf("%d of %d leases lost in a graceful Cluster failover: %v", n, len(ls), err)
+	}
+	for _, l := range ls {
+		if err := l.Unlock(ctx); err != nil {
+			t.Fatalf("Unlock after the failover: %v", err)
+		}
+	}
+	var _ redis.UniversalClient = cc
+	_ = context.Background
+}
