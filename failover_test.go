@@ -205,3 +205,41 @@ func TestClusterFailoverIsNoLoss(t *testing.T) {
 	var _ redis.UniversalClient = cc
 	_ = context.Background
 }
+
+// Renewals run per node: a paused master delays only its own leases; the others keep theirs
+// (issue 9, point 3).
+func TestPausedNodeDelaysOnlyItsOwnLeases(t *testing.T) {
+	// The node timeout outlasts the pause: the cluster stays up (no CLUSTERDOWN).
+	cl := redistest.StartClusterT(t, redistest.ClusterConfig{Replicas: -1, NodeTimeout: 10 * time.Second})
+	cc := cl.Client()
+	defer cc.Close()
+	ctx := ctxT(t)
+	dl := dlock.New(cc, dlock.WithTTL(900*time.Millisecond))
+	defer dl.Close(ctx)
+	ls := holdMany(t, dl, redistest.Name(t), 60)
+	paused := cl.Masters()[0]
+	var healthy []*dlock.Lease
+	for _, l := range ls {
+		node, err := cc.MasterForKey(ctx, lockKey(l.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if node.Options().Addr != paused.Addr {
+			healthy = append(healthy, l)
+		}
+	}
+	if len(healthy) == 0 || len(healthy) == len(ls) {
+		t.Fatalf("%d of %d leases on healthy masters: want some on each side", len(healthy), len(ls))
+	}
+	paused.Pause()
+	time.Sleep(2700 * time.Millisecond) // three TTLs
+	paused.Resume()
+	if n, err := falseLosses(healthy); n > 0 {
+		t.Fatalf("%d of %d leases on healthy masters lost while another master was paused: %v", n, len(healthy), err)
+	}
+	for _, l := range healthy {
+		if err := l.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -17,10 +17,12 @@ const (
 	minRenewTimeout = 10 * time.Millisecond
 )
 
-// renewer is the Client's watchdog: one goroutine that renews every hold at TTL/3, batching
-// the leases due together into one pipeline instead of running a goroutine per lock. A refused
-// renewal ends the lease as lost; a failed one is retried until the lease's safe deadline
-// timer (see hold.setDeadlineLocked) ends it.
+// renewer is the Client's watchdog: one goroutine that schedules every hold's renewal at
+// TTL/3, batching the leases due together into one pipeline per Redis node instead of running
+// a goroutine per lock. Each node's batch runs on its own short-lived goroutine, so a node that
+// is slow or down delays only its own leases. A refused renewal ends the lease as lost; a
+// failed one is retried until the lease's safe deadline timer (see hold.setDeadlineLocked)
+// ends it.
 type renewer struct {
 	c    *Client
 	kick chan struct{}
@@ -99,8 +101,14 @@ func (r *renewer) run(ctx context.Context) {
 			continue
 		case <-timer.C:
 		}
-		if due := r.popDue(); len(due) > 0 {
-			r.renewBatch(ctx, due)
+		for _, batch := range byNode(r.popDue()) {
+			if !r.c.goBackground() {
+				return
+			}
+			go func() {
+				defer r.c.wg.Done()
+				r.renewBatch(ctx, batch)
+			}()
 		}
 	}
 }
@@ -116,7 +124,31 @@ func (r *renewer) popDue() []*hold {
 	return due
 }
 
-// renewBatch extends every lease in due with one pipelined round trip.
+// byNode splits holds by the notifier of their node (one per Redis node; nil when the client
+// type has none, which puts them together).
+func byNode(due []*hold) [][]*hold {
+	if len(due) == 0 {
+		return nil
+	}
+	groups := make(map[*notifier][]*hold)
+	var order []*notifier
+	for _, h := range due {
+		h.mu.Lock()
+		n := h.notif
+		h.mu.Unlock()
+		if _, ok := groups[n]; !ok {
+			order = append(order, n)
+		}
+		groups[n] = append(groups[n], h)
+	}
+	out := make([][]*hold, 0, len(order))
+	for _, n := range order {
+		out = append(out, groups[n])
+	}
+	return out
+}
+
+// renewBatch extends every lease in due (all on one node) with one pipelined round trip.
 func (r *renewer) renewBatch(ctx context.Context, due []*hold) {
 	ttls := make([]time.Duration, len(due))
 	timeout := time.Duration(1<<63 - 1)
