@@ -57,6 +57,9 @@ func (c *Client) tryHold(ctx context.Context, s holdSpec, queue bool) (*hold, ti
 		livenessWindow.Milliseconds(), k.channel, grantGrace.Milliseconds(), c.publishCmd,
 		s.reentrant, queueTTL.Milliseconds(), barge.Milliseconds()).Int64Slice()
 	if err != nil {
+		if classify(err) == replyUnavailable {
+			c.topologyMayHaveChanged(ctx) // the next attempt, the caller's or ours, may go elsewhere
+		}
 		if !isRedisReply(err) {
 			// The script may have run with its reply lost: undo it in the background so the
 			// lock is not left held (it would otherwise expire only after its TTL).
@@ -170,7 +173,6 @@ func (c *Client) waitHold(ctx context.Context, s holdSpec, contended bool) (*hol
 			return h, nil
 		case errors.Is(err, ErrUnavailable):
 			failing = err
-			c.topologyMayHaveChanged(ctx)
 			backoff = min(max(2*backoff, minUnavailableRetry), maxUnavailableRetry)
 			wait = backoff/2 + rand.N(backoff/2+1)
 		case errors.Is(err, ErrNotObtained) && ctx.Err() == nil:

@@ -243,3 +243,107 @@ func TestPausedNodeDelaysOnlyItsOwnLeases(t *testing.T) {
 		}
 	}
 }
+
+// After a forced failover (the master killed), the killed master's slots are lockable again
+// within a second of the replica's promotion, TryLock says ErrUnavailable (not
+// ErrNotObtained) meanwhile, and waiters wait through it (issue 9, point 4).
+func TestForcedClusterFailoverIsBrief(t *testing.T) {
+	cl := redistest.StartClusterT(t, redistest.ClusterConfig{})
+	cc := cl.Client()
+	defer cc.Close()
+	ctx := ctxT(t)
+	dl := dlock.New(cc)
+	defer dl.Close(ctx)
+	victim := cl.Masters()[0]
+	var names []string
+	for i := 0; len(names) < 8; i++ {
+		name := fmt.Sprintf("%s-%d", redistest.Name(t), i)
+		if node, err := cc.MasterForKey(ctx, lockKey(name)); err == nil && node.Options().Addr == victim.Addr {
+			names = append(names, name)
+		}
+	}
+	waiting := make(chan error, len(names))
+	for _, name := range names[:4] { // held, with a waiter that must get it after the failover
+		if _, err := dl.Mutex(name, dlock.WithTTL(3*time.Second), dlock.WithFixedLease()).Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		w := dlock.New(cc)
+		defer w.Close(ctx)
+		go func() {
+			l, err := w.Mutex(name).Lock(ctx)
+			if err == nil {
+				err = l.Unlock(ctx)
+			}
+			waiting <- err
+		}()
+	}
+	type first struct {
+		at   time.Time
+		errs map[string]int
+	}
+	firsts := make(chan first, len(names))
+	stop := make(chan struct{})
+	for _, name := range names[4:] {
+		go func() {
+			f := first{errs: map[string]int{}}
+			for {
+				select {
+				case <-stop:
+					firsts <- f
+					return
+				default:
+				}
+				l, err := dl.Mutex(name).TryLock(ctx)
+				if err == nil {
+					f.at = time.Now()
+					_ = l.Unlock(ctx)
+					firsts <- f
+					return
+				}
+				switch {
+				case errors.Is(err, dlock.ErrUnavailable):
+					f.errs["unavailable"]++
+				case errors.Is(err, dlock.ErrNotObtained):
+					f.errs["not obtained"]++
+				default:
+					f.errs[err.Error()]++
+				}
+				time.Sleep(5 * time.Millisecond) // a caller's retry loop
+			}
+		}()
+	}
+	// Let the TryLock loops start failing on the dead master first.
+	victim.Kill()
+	promoted, err := cl.AwaitPromotion(cl.ReplicaOf(victim), 20*time.Second)
+	if err != nil {
+		close(stop)
+		t.Fatal(err)
+	}
+	_ = promoted
+	var worst time.Duration
+	for range names[4:] {
+		select {
+		case f := <-firsts:
+			if f.at.IsZero() {
+				t.Fatalf("a slot never became lockable; errors %v", f.errs)
+			}
+			if f.errs["not obtained"] > 0 || len(f.errs) > 1 {
+				t.Fatalf("TryLock during the failover gave %v, want only ErrUnavailable", f.errs)
+			}
+			worst = max(worst, f.at.Sub(promoted))
+		case <-time.After(10 * time.Second):
+			close(stop)
+			t.Fatal("slots not lockable 10s after the promotion")
+		}
+	}
+	close(stop)
+	t.Logf("slots lockable %v after the replica's promotion (worst of %d)", worst.Round(time.Millisecond), len(names)-4)
+	if worst > time.Second {
+		t.Fatalf("slots lockable only %v after the promotion, want within 1s", worst)
+	}
+	for range names[:4] {
+		if err := <-waiting; err != nil {
+			t.Fatalf("a waiter through the failover: %v", err)
+		}
+	}
+}
