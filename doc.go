@@ -6,22 +6,21 @@
 //	c := dlock.New(rdb)             // rdb: *redis.Client, failover or *redis.ClusterClient
 //	defer c.Close(context.Background())
 //
-//	m := c.Mutex("orders:42")       // a cheap handle; the handle is the owner
+//	m := c.Mutex("orders:42")       // a cheap handle, shared by goroutines like a sync.Mutex
 //	l, err := m.Lock(ctx)           // waits until held or ctx ends
 //	if err != nil { ... }
 //	defer l.Unlock(ctx)
-//	select {
-//	case <-l.Done():                // lease lost: stop, someone else may hold the lock
-//		return l.Err()
-//	default:
-//	}
+//	work(l.Context())               // cancelled when the lease is lost (Cause: l.Err())
 //	dlock.FencedSet(ctx, rdb, "stock:42", newStock, l.Token())
 //
 // # Semantics
 //
-// A lock is a Redis hash {owner: holdCount} with a TTL. Acquire, release and extend are one
-// Lua script each, one round trip each. The same owner re-enters at once and must Unlock once
-// per Lock. Every fresh acquisition reserves a block of tokens from a per-lock counter:
+// A lock is a Redis hash {owner: holdCount, hold ids, token, layout} with a TTL. Acquire,
+// release and extend are one Lua script each, one round trip each. A Mutex excludes
+// goroutines like a sync.Mutex; re-entry is explicit: Lock given the context of a held lease
+// (Lease.Context) re-enters it with the same token, and each Lock needs its Unlock. Handles
+// made WithOwner share an owner id and re-enter each other in Redis, across processes.
+// Every fresh acquisition reserves a block of tokens from a per-lock counter:
 // fencing tokens strictly increase across all owners, processes and goroutines. The counter
 // never falls behind the Redis server's clock in microseconds, so tokens keep increasing even
 // across a Redis restart that lost the counter, unless the server's clock steps back or one
@@ -51,6 +50,17 @@
 // # Errors
 //
 // Errors match the sentinels with errors.Is: ErrNotObtained (taken, or ctx ended while
-// waiting, joined with ctx.Err()), ErrNotHeld, ErrLeaseLost, ErrClosed, ErrInvalid and
-// ErrStaleToken. Redis errors are returned wrapped with the lock name.
+// waiting, joined with ctx.Err()), ErrUnavailable (Redis gave no definite answer: down,
+// failing over, loading; Lock waits it out), ErrNotHeld, ErrLeaseLost, ErrClosed, ErrInvalid,
+// ErrIncompatible (a server before 7.0, a lock of another dlock version) and ErrStaleToken.
+// Other Redis errors are returned wrapped with the lock name. Errors print on one line.
+//
+// # Deployments
+//
+// dlock runs on a single Redis, Sentinel (a failover client) and Redis Cluster. Only a
+// definite answer from the lock's current master ends a lease; failovers, restarts that kept
+// their data and dead connections leave leases running until Redis answers or their safe
+// deadline passes. dlock logs (WithLogger) what it cannot fix itself, such as a refused
+// permission or an evicting maxmemory-policy; it never writes to stderr. README.md shows the
+// minimal ACL; docs/DESIGN.md what each failure does.
 package dlock

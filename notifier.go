@@ -22,10 +22,10 @@ const (
 	// found within it, and every watched key is then read again, so a loss during the outage
 	// is reported within about a second.
 	healthInterval    = 400 * time.Millisecond
-	confirmTimeout    = 2 * time.Second      // how long a waiter waits for SUBSCRIBE to be confirmed
-	idleChannelAfter  = 10 * time.Second     // unused release channels are unsubscribed after this
-	trackerTimeout    = 2 * time.Second      // bound on one tracking or confirming round trip
-	trackDelay        = 2 * time.Millisecond // a new hold's key is read (tracked) this long after it is taken
+	confirmTimeout    = 300 * time.Millisecond // how long a waiter waits for SUBSCRIBE to be confirmed (then it polls)
+	idleChannelAfter  = 10 * time.Second       // unused release channels are unsubscribed after this
+	trackerTimeout    = 2 * time.Second        // bound on one tracking or confirming round trip
+	trackDelay        = 2 * time.Millisecond   // a new hold's key is read (tracked) this long after it is taken
 	recheckDelay      = 100 * time.Millisecond
 	maxReceiveBackoff = 2 * time.Second
 	minRehomeGap      = 500 * time.Millisecond // a node's connections are re-dialled at most this often
@@ -215,6 +215,19 @@ func (n *notifier) rehome(why string) {
 	n.poke()
 }
 
+// unname re-dials the connections without a client name, which the user may not set.
+func (n *notifier) unname(err error) {
+	n.psMu.Lock()
+	named := n.opt.ClientName != ""
+	n.opt.ClientName = ""
+	n.rehomedAt = time.Time{}
+	n.psMu.Unlock()
+	if named {
+		n.c.log.Warn("dlock: Redis refused CLIENT SETNAME: notification connections go unnamed", "addr", n.opt.Addr, "err", err)
+		n.rehome("CLIENT SETNAME refused")
+	}
+}
+
 // refuse records that the server refused a feature's command (NOPERM, or unsupported): it is
 // switched off for this node, said once in the log.
 func (n *notifier) refuse(flag *bool, what string, err error) {
@@ -295,7 +308,12 @@ func (n *notifier) receiveLoop() {
 			case errors.As(err, &ne) && ne.Timeout():
 				_ = ps.Ping(n.psCtx) // a dead connection fails the next receive
 				continue
-			case isNoPerm(err):
+			case isNoPerm(err) && strings.Contains(err.Error(), "client|setname"):
+				// The connection cannot even be named: go unnamed (operators lose the name
+				// in CLIENT LIST, nothing else).
+				n.unname(err)
+				continue
+			case isNoPerm(err) && strings.Contains(err.Error(), "channel"):
 				n.refuse(&n.noPubSub, "SUBSCRIBE", err)
 				continue
 			}
@@ -354,7 +372,7 @@ func (n *notifier) receiveLoop() {
 	}
 }
 
-// isNoPerm reports an ACL refusal.
+// isNoPerm reports an ACL refusal (go-redis prefixes one met while setting up a connection).
 func isNoPerm(err error) bool {
-	return err != nil && strings.HasPrefix(err.Error(), "NOPERM")
+	return err != nil && (strings.HasPrefix(err.Error(), "NOPERM") || strings.Contains(err.Error(), ": NOPERM "))
 }
