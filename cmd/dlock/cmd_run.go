@@ -83,7 +83,7 @@ func runCommand(args []string, stdout, stderr io.Writer) int {
 	cmd := exec.Command(command[0], command[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, stdout, stderr
 	cmd.Env = append(os.Environ(), "DLOCK_NAME="+name, "DLOCK_TOKEN="+strconv.FormatUint(lease.Token(), 10),
-		"DLOCK_OWNER="+m.Owner())
+		"DLOCK_OWNER="+lease.Owner()) // the id `dlock status` shows
 	// The command dies with dlock, whatever kills dlock: it must never outlive the lock.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	group := !isTerminal(os.Stdin)
