@@ -347,3 +347,56 @@ func TestForcedClusterFailoverIsBrief(t *testing.T) {
 		}
 	}
 }
+
+// A failover to a replica whose wall clock runs ahead: Redis replicates a TTL as an absolute
+// expiry time, so on the new master every key expires earlier by the clock difference
+// (docs/DESIGN.md, Deployments, states the bound). Renewed leases are re-based by their next
+// renewal and keep their locks; a fixed lease's key expires early there, and the holder is told
+// at once by push, not at its local deadline (issue 9, point 15).
+func TestFailoverToAReplicaWithAClockAhead(t *testing.T) {
+	cl := redistest.StartClusterT(t, redistest.ClusterConfig{ReplicaClockOffset: "+1s"})
+	cc := cl.Client()
+	defer cc.Close()
+	ctx := ctxT(t)
+	master := cl.Nodes()[0]
+	fast := cl.ReplicaOf(master)
+	if fast != cl.Nodes()[len(cl.Masters())] {
+		t.Fatal("the replica with the clock ahead is not the first master's")
+	}
+	dl := dlock.New(cc, dlock.WithTTL(3*time.Second))
+	defer dl.Close(ctx)
+	var renewed []*dlock.Lease
+	var fixed *dlock.Lease
+	var fixedAt time.Time
+	for i := 0; len(renewed) < 20 || fixed == nil; i++ {
+		name := fmt.Sprintf("%s-%d", redistest.Name(t), i)
+		if node, err := cc.MasterForKey(ctx, lockKey(name)); err != nil || node.Options().Addr != master.Addr {
+			continue
+		}
+		if fixed == nil {
+			fixedAt = time.Now()
+			fixed = lockTracked(t, dl.Mutex(name, dlock.WithFixedLease()))
+			continue
+		}
+		renewed = append(renewed, lockTracked(t, dl.Mutex(name)))
+	}
+	if err := cl.GracefulFailover(fast); err != nil {
+		t.Fatal(err)
+	}
+	end := waitDone(t, fixed, 4*time.Second)
+	lived := end.Sub(fixedAt)
+	t.Logf("fixed 3s lease ended after %v: %v", lived.Round(time.Millisecond), fixed.Err())
+	if !errors.Is(fixed.Err(), dlock.ErrLeaseLost) || strings.Contains(fixed.Err().Error(), "fixed lease TTL ran out") {
+		t.Fatalf("fixed lease after the failover: %v, want its key found expired early on the new master", fixed.Err())
+	}
+	if lived > 2700*time.Millisecond {
+		t.Fatalf("fixed lease lived %v: the new master's clock 1s ahead should have cut it", lived)
+	}
+	time.Sleep(2 * time.Second) // renewals on the new master
+	if n, err := falseLosses(renewed); n > 0 {
+		t.Fatalf("%d of %d renewed leases lost after a failover to a replica 1s ahead: %v", n, len(renewed), err)
+	}
+	for _, l := range renewed {
+		_ = l.Unlock(ctx)
+	}
+}
