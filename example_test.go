@@ -66,3 +66,41 @@ func Example_fencing() {
 	// stalled holder's write refused: true
 	// stock: 41 written by the current holder: true
 }
+
+// Re-entry is explicit: code running under a lease passes the lease's context on, and a Lock
+// of the same lock given that context re-enters with the same token. The same context is
+// cancelled when the lease is lost, so it is also the one to give the protected work.
+func ExampleLease_Context() {
+	ctx := context.Background()
+	opt, _ := redis.ParseURL(os.Getenv("REDIS_URL"))
+	rdb := redis.NewClient(opt)
+	defer rdb.Close()
+	c := dlock.New(rdb)
+	defer c.Close(ctx)
+	m := c.Mutex("example:account:7")
+
+	outer, err := m.Lock(ctx)
+	if err != nil {
+		fmt.Println("not locked:", err)
+		return
+	}
+	defer outer.Unlock(ctx)
+
+	transfer := func(ctx context.Context) error { // called with or without the lock held
+		l, err := m.Lock(ctx) // re-enters when ctx comes from a lease on this lock
+		if err != nil {
+			return err
+		}
+		defer l.Unlock(ctx)
+		fmt.Println("re-entered with the outer token:", l.Token() == outer.Token())
+		return nil
+	}
+	fmt.Println("transfer:", transfer(outer.Context()))
+
+	_, err = m.TryLock(ctx) // without the lease's context: another caller, excluded
+	fmt.Println("plain TryLock:", errors.Is(err, dlock.ErrNotObtained))
+	// Output:
+	// re-entered with the outer token: true
+	// transfer: <nil>
+	// plain TryLock: true
+}
