@@ -245,11 +245,31 @@ func (c *Client) notifierFor(ctx context.Context, key string) *notifier {
 	n := c.notifiers[addr]
 	if n == nil {
 		n = newNotifier(c, node, c.publishCmd == "SPUBLISH")
+		n.key = addr
 		c.notifiers[addr] = n
 	}
 	c.mu.Unlock()
 	n.start() // dials outside c.mu: a slow node must not block every other lock
 	return n
+}
+
+// retire removes a notifier that serves nobody and whose node keeps failing from the Client
+// and closes it in the background; the next lock on that node gets a new one. It reports
+// false when the Client is closing (Close closes the notifier then).
+func (c *Client) retire(n *notifier) bool {
+	c.mu.Lock()
+	if c.closed || c.notifiers[n.key] != n {
+		c.mu.Unlock()
+		return false
+	}
+	delete(c.notifiers, n.key)
+	c.wg.Add(1) // under c.mu with closed false: Close's Wait sees it
+	c.mu.Unlock()
+	go func() {
+		defer c.wg.Done()
+		n.close()
+	}()
+	return true
 }
 
 // nextHoldID returns an id unique to one Lock/TryLock call across all processes.

@@ -50,6 +50,7 @@ const (
 // Cluster hands its keys to the notifier of the slot's new master.
 type notifier struct {
 	c       *Client
+	key     string        // in the Client's table: node address and DB
 	opt     redis.Options // the node's options, adjusted, for every connection generation
 	sharded bool          // Redis Cluster: lock channels are shard channels (SSUBSCRIBE)
 	closing <-chan struct{}
@@ -85,8 +86,15 @@ type notifier struct {
 	failing    bool          // the pub/sub connection keeps failing (logged once)
 }
 
-// pubsubConnKey marks the context of pub/sub calls so OnConnect knows which connection is new.
+// pubsubConnKey marks the context of pub/sub calls so OnConnect knows which connection is new;
+// its value is a genMark, so a connection of an older generation never passes for the current
+// one's.
 type pubsubConnKey struct{}
+
+type genMark struct {
+	n   *notifier
+	gen uint64
+}
 
 func newNotifier(c *Client, node *redis.Client, sharded bool) *notifier {
 	n := &notifier{
@@ -114,7 +122,7 @@ func newNotifier(c *Client, node *redis.Client, sharded bool) *notifier {
 				return err
 			}
 		}
-		if ctx.Value(pubsubConnKey{}) != n {
+		if m, ok := ctx.Value(pubsubConnKey{}).(genMark); !ok || m.n != n || m.gen != n.gen.Load() {
 			return nil
 		}
 		id, err := cn.ClientID(ctx).Result()
@@ -134,10 +142,10 @@ func newNotifier(c *Client, node *redis.Client, sharded bool) *notifier {
 		return nil
 	}
 	n.opt = opt
-	n.nc = redis.NewClient(&n.opt)
+	n.nc = n.newClient()
 	ctx, cancel := context.WithCancel(context.Background())
 	n.ctx, n.cancel = ctx, cancel
-	n.psCtx = context.WithValue(ctx, pubsubConnKey{}, n)
+	n.psCtx = context.WithValue(ctx, pubsubConnKey{}, genMark{n, 0})
 	return n
 }
 
@@ -145,9 +153,8 @@ func newNotifier(c *Client, node *redis.Client, sharded bool) *notifier {
 // (or failed: go-redis retries the connection in the receive loop).
 func (n *notifier) start() {
 	n.startOnce.Do(func() {
-		ps := n.nc.Subscribe(n.psCtx, invalidateChannel)
 		n.psMu.Lock()
-		n.ps = ps
+		n.ps = n.nc.Subscribe(n.psCtx, invalidateChannel)
 		n.psMu.Unlock()
 		n.wg.Add(2)
 		go n.receiveLoop()
@@ -170,11 +177,19 @@ func (n *notifier) close() {
 	_ = nc.Close()
 }
 
-// current returns the connection generation in use.
-func (n *notifier) current() (*redis.Client, *redis.PubSub) {
+// newClient returns a client for a new connection generation, over its own copy of the
+// options (which unname may change later). The caller holds psMu or owns n.
+func (n *notifier) newClient() *redis.Client {
+	o := n.opt
+	return redis.NewClient(&o)
+}
+
+// current returns the connection generation in use: its client, pub/sub connection and the
+// context its pub/sub calls carry.
+func (n *notifier) current() (*redis.Client, *redis.PubSub, context.Context) {
 	n.psMu.Lock()
 	defer n.psMu.Unlock()
-	return n.nc, n.ps
+	return n.nc, n.ps, n.psCtx
 }
 
 // rehome replaces both connections with new ones, dialled afresh: the node they reached is not
@@ -189,7 +204,9 @@ func (n *notifier) rehome(why string) {
 	}
 	n.rehomedAt = time.Now()
 	oldNC, oldPS := n.nc, n.ps
-	n.nc = redis.NewClient(&n.opt)
+	gen := n.gen.Add(1) // before the new connection dials: its OnConnect checks the generation
+	n.psCtx = context.WithValue(n.ctx, pubsubConnKey{}, genMark{n, gen})
+	n.nc = n.newClient()
 	n.mu.Lock()
 	chans := make([]string, 0, len(n.chans))
 	for ch, cs := range n.chans {
@@ -207,7 +224,6 @@ func (n *notifier) rehome(why string) {
 			_ = n.ps.Subscribe(n.psCtx, chans...)
 		}
 	}
-	n.gen.Add(1)
 	n.psMu.Unlock()
 	n.c.log.Info("dlock: notification connections re-dialled", "addr", n.opt.Addr, "why", why)
 	_ = oldPS.Close() // ends the receive loop's wait on it
@@ -219,7 +235,7 @@ func (n *notifier) rehome(why string) {
 func (n *notifier) unname(err error) {
 	n.psMu.Lock()
 	named := n.opt.ClientName != ""
-	n.opt.ClientName = ""
+	n.opt.ClientName = "" // live clients have their own copies (newClient)
 	n.rehomedAt = time.Time{}
 	n.psMu.Unlock()
 	if named {
@@ -251,6 +267,21 @@ func (n *notifier) refuse(flag *bool, what string, err error) {
 		effect = "a stale master is found by confirming losses through the main client only"
 	}
 	n.c.log.Warn("dlock: Redis refused "+what+": "+effect+" (see README, minimal ACL)", "addr", n.opt.Addr, "err", err)
+}
+
+// idle reports whether the notifier serves nobody: no watched key, no waiter subscribed.
+func (n *notifier) idle() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if len(n.watched) > 0 {
+		return false
+	}
+	for _, cs := range n.chans {
+		if cs.refs > 0 {
+			return false
+		}
+	}
+	return true
 }
 
 func (n *notifier) noPubSubNow() bool {
@@ -296,9 +327,10 @@ func (n *notifier) poke() {
 func (n *notifier) receiveLoop() {
 	defer n.wg.Done()
 	var backoff time.Duration
+	pinged := false // a PING went out and nothing has come back since
 	for {
-		_, ps := n.current()
-		msg, err := ps.ReceiveTimeout(n.psCtx, healthInterval)
+		_, ps, psCtx := n.current()
+		msg, err := ps.ReceiveTimeout(psCtx, healthInterval)
 		if n.ctx.Err() != nil {
 			return
 		}
@@ -306,7 +338,15 @@ func (n *notifier) receiveLoop() {
 			var ne net.Error
 			switch {
 			case errors.As(err, &ne) && ne.Timeout():
-				_ = ps.Ping(n.psCtx) // a dead connection fails the next receive
+				if pinged {
+					// No PONG within a health interval: the connection is dead or its server
+					// frozen (a paused or partitioned master). go-redis does not count a timeout
+					// as a broken connection, so dial afresh (through Sentinel, if any).
+					pinged = false
+					n.rehome("the pub/sub connection went silent")
+					continue
+				}
+				pinged = ps.Ping(psCtx) == nil
 				continue
 			case isNoPerm(err) && strings.Contains(err.Error(), "client|setname"):
 				// The connection cannot even be named: go unnamed (operators lose the name
@@ -317,7 +357,7 @@ func (n *notifier) receiveLoop() {
 				n.refuse(&n.noPubSub, "SUBSCRIBE", err)
 				continue
 			}
-			if _, now := n.current(); now != ps {
+			if _, now, _ := n.current(); now != ps {
 				continue // replaced by rehome
 			}
 			// A broken connection is re-dialled by go-redis on the next receive; a malformed
@@ -335,6 +375,9 @@ func (n *notifier) receiveLoop() {
 			}
 			n.poke()
 			backoff = min(max(2*backoff, 50*time.Millisecond), maxReceiveBackoff)
+			if backoff >= time.Second && n.idle() && n.c.retire(n) {
+				return // a node that keeps failing and serves nobody (a dead Cluster master)
+			}
 			select {
 			case <-n.ctx.Done():
 				return
@@ -342,6 +385,7 @@ func (n *notifier) receiveLoop() {
 			}
 			continue
 		}
+		pinged = false
 		if backoff > 0 {
 			backoff = 0
 			n.mu.Lock()

@@ -145,7 +145,7 @@ func (n *notifier) checkLoop() {
 		case <-retry.C:
 		}
 		n.mu.Lock()
-		skip := n.noTracking
+		skip := n.noTracking || len(n.watched) == 0 // nothing to track: no connection needed
 		n.mu.Unlock()
 		ep, gen := n.epoch.Load(), n.gen.Load()
 		if skip || ep == 0 {
@@ -158,6 +158,9 @@ func (n *notifier) checkLoop() {
 			if err != nil || trk == nil {
 				trk = nil
 				if err != nil {
+					// The node may be gone for good (a killed Cluster master): keys whose
+					// slot has a new master move to it; the rest are tried again.
+					n.moveAll()
 					retry.Reset(recheckDelay)
 				}
 				continue
@@ -183,7 +186,7 @@ func (n *notifier) checkLoop() {
 func (n *notifier) startTracking(redirect int64) (*redis.Conn, error) {
 	ctx, cancel := context.WithTimeout(n.ctx, trackerTimeout)
 	defer cancel()
-	nc, _ := n.current()
+	nc, _, _ := n.current()
 	trk := nc.Conn()
 	err := trk.Do(ctx, "CLIENT", "TRACKING", "ON", "REDIRECT", redirect).Err()
 	if err == nil {
@@ -203,11 +206,11 @@ func isMissingRedirect(err error) bool {
 	return err != nil && strings.Contains(err.Error(), "redirect")
 }
 
-// loss is a hold that looks lost, and why.
+// loss is a hold that looks lost, or whose key the tracking read got no answer about.
 type loss struct {
-	key   string
-	l     *hold
-	cause error
+	key     string
+	l       *hold
+	unknown bool // the tracking read got no answer (LOADING, ASK, ...), not a contradiction
 }
 
 // check reads every pending key once on the tracking connection (one pipelined round trip,
@@ -267,15 +270,25 @@ func (n *notifier) check(trk *redis.Conn) (again bool, err error) {
 	}
 	var lost []loss
 	var confirmed []*hold
-	var unknown, moved []string
+	var moved []string
+	var noperm error
 	n.mu.Lock()
 	for i, k := range keys {
 		fields, ferr := cmds[i].Result()
 		if ferr != nil && !isWrongType(ferr) {
-			// No answer about the key (LOADING, MOVED, NOPERM, ...): read it again later.
-			unknown = append(unknown, k)
+			// No answer about the key here (LOADING, MOVED, ASK during a slot migration, ...):
+			// ask the current master through the main client, which follows MOVED and ASK.
 			if strings.HasPrefix(ferr.Error(), "MOVED") {
 				moved = append(moved, k)
+			}
+			if isNoPerm(ferr) {
+				noperm = ferr
+				continue
+			}
+			for l, seq := range n.watched[k] {
+				if seq <= judgeUpTo {
+					lost = append(lost, loss{k, l, true})
+				}
 			}
 			continue
 		}
@@ -287,21 +300,24 @@ func (n *notifier) check(trk *redis.Conn) (again bool, err error) {
 				confirmed = append(confirmed, l)
 				continue
 			}
-			lost = append(lost, loss{k, l, nil})
+			lost = append(lost, loss{k, l, false})
 		}
 	}
 	n.mu.Unlock()
 	for _, l := range confirmed {
 		l.trackedOnce.Do(func() { close(l.tracked) })
 	}
+	if noperm != nil {
+		n.refuse(&n.noTracking, "HGETALL", noperm)
+		return false, nil
+	}
 	if len(moved) > 0 {
 		n.stale(moved, "MOVED")
 	}
-	n.repend(unknown)
 	if len(lost) > 0 && n.confirmLosses(lost) {
 		again = true
 	}
-	return again || len(unknown) > 0, nil
+	return again, nil
 }
 
 // confirmLosses reads the keys of holds that look lost through the Client's go-redis client,
@@ -328,6 +344,8 @@ func (n *notifier) confirmLosses(lost []loss) (again bool) {
 			x.l.lose(errTaken)
 		case err != nil:
 			unknown = append(unknown, x.key) // no answer: ask again; the deadline is the backstop
+		case fields["#"+x.l.holdID] != "" && x.unknown:
+			unknown = append(unknown, x.key) // held; read it again where it is tracked
 		case fields["#"+x.l.holdID] != "":
 			stale = append(stale, x.key)
 		case len(fields) == 0:
@@ -338,6 +356,7 @@ func (n *notifier) confirmLosses(lost []loss) (again bool) {
 	}
 	n.repend(unknown)
 	if len(stale) > 0 {
+		n.repend(stale) // read again, on the new connections if the node is re-dialled
 		n.stale(stale, "a hold it read as gone is held on the master")
 	}
 	return len(unknown) > 0 || len(stale) > 0
@@ -352,6 +371,22 @@ func (n *notifier) stale(keys []string, why string) {
 		return
 	}
 	n.rehome(why)
+}
+
+// moveAll offers every watched key to moveKeys (a Cluster only).
+func (n *notifier) moveAll() {
+	if !n.sharded {
+		return
+	}
+	n.mu.Lock()
+	keys := make([]string, 0, len(n.watched))
+	for k := range n.watched {
+		keys = append(keys, k)
+	}
+	n.mu.Unlock()
+	if len(keys) > 0 {
+		n.moveKeys(keys)
+	}
 }
 
 // moveKeys hands watched keys to the notifier of their slot's current master, asking the

@@ -176,6 +176,11 @@ func (r *renewer) renewBatch(ctx context.Context, due []*hold) {
 		}
 		switch {
 		case err != nil:
+			if classify(err) == replyUnavailable {
+				// A dead Cluster master answers nothing, not MOVED: ask the client to look for
+				// the slot's new master, or renewals would go to the dead node until the deadline.
+				r.c.topologyMayHaveChanged(ctx)
+			}
 			r.requeue(l, r.c.now().Add(min(ttls[i]/10, maxRenewRetry)), time.Time{}, 0)
 		case n == 0:
 			l.lose(errRenewRefused)

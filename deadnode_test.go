@@ -1,0 +1,104 @@
+package dlock_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// A Cluster master killed for good (kill -9, not restarted): its replica is promoted and the
+// watched keys move to the new master's notification connections, so a later DEL there is
+// pushed at once; once no lease lives on the dead node, nothing dials it any more (its
+// notifier retires). Found by review; issue 9, points 1 and 2.
+func TestKilledClusterMastersKeysMoveAndItsNotifierGoes(t *testing.T) {
+	cl := redistest.StartClusterT(t, redistest.ClusterConfig{})
+	var victimAddr atomic.Value
+	victimAddr.Store("")
+	var dials atomic.Int64
+	cc := cl.Client(func(o *redis.ClusterOptions) {
+		o.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if addr == victimAddr.Load().(string) {
+				dials.Add(1)
+			}
+			var d net.Dialer
+			return d.DialContext(ctx, network, addr)
+		}
+	})
+	defer cc.Close()
+	ctx := ctxT(t)
+	dl := dlock.New(cc) // default TTL 30s: renewal every 10s
+	defer dl.Close(ctx)
+	victim := cl.Masters()[0]
+	victimAddr.Store(victim.Addr)
+	var ls []*dlock.Lease
+	for i := 0; len(ls) < 3; i++ {
+		name := fmt.Sprintf("%s-%d", redistest.Name(t), i)
+		if node, err := cc.MasterForKey(ctx, lockKey(name)); err == nil && node.Options().Addr == victim.Addr {
+			l, err := dl.Mutex(name).Lock(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			<-dlock.Tracked(l)
+			ls = append(ls, l)
+		}
+	}
+	promoted, at, err := cl.KillMaster(victim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.WaitStable(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%s promoted %v", promoted.Addr, at.Format("15:04:05.000"))
+	// Isolate the notifier from the renewal finding: make the main client learn the new
+	// slot map (as a Lock attempt would), so renewals reach the promoted master.
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		cc.ReloadState(ctx)
+		if node, err := cc.MasterForKey(ctx, lockKey(ls[0].Name())); err == nil && node.Options().Addr == promoted.Addr {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("main client never learnt the promotion")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(1500 * time.Millisecond) // let dlock settle on the new topology
+	for _, l := range ls {
+		if l.Err() != nil {
+			t.Fatalf("lease lost by the failover: %v", l.Err())
+		}
+	}
+	admin := promoted.Client()
+	defer admin.Close()
+	d0 := dials.Load()
+	del := time.Now()
+	if err := admin.Del(ctx, lockKey(ls[0].Name())).Err(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ls[0].Done():
+		t.Logf("loss reported %v after the DEL", time.Since(del).Round(time.Millisecond))
+	case <-time.After(12 * time.Second):
+		t.Errorf("lease still held 12s after its key was deleted on the new master")
+	}
+	if took := time.Since(del); took > 1500*time.Millisecond {
+		t.Errorf("missed loss: reported only %v after the DEL (want ~<1s)", took.Round(time.Millisecond))
+	}
+	t.Logf("dials to the dead node %s during the %v after the DEL: %d", victim.Addr, time.Since(del).Round(time.Millisecond), dials.Load()-d0)
+	// Unlock the rest: nothing should keep dialling the dead node afterwards.
+	for _, l := range ls[1:] {
+		_ = l.Unlock(ctx)
+	}
+	d1 := dials.Load()
+	time.Sleep(5 * time.Second)
+	if n := dials.Load() - d1; n > 0 {
+		t.Errorf("leak: %d dials to the dead node %s in the 5s after no lease lives on it", n, victim.Addr)
+	}
+}
