@@ -68,3 +68,22 @@ func TestRedisDownIsUnavailable(t *testing.T) {
 		}
 	}
 }
+
+// A server that may not write (min-replicas-to-write without replicas) refuses every script
+// before it runs: TryLock returns ErrUnavailable naming NOREPLICAS, not a raw Redis string, and
+// nothing was written (issue 9, point 4).
+func TestNoReplicasIsUnavailable(t *testing.T) {
+	srv := redistest.StartT(t, redistest.Config{Args: []string{"--min-replicas-to-write", "1"}})
+	rdb := srv.Client()
+	defer rdb.Close()
+	c := dlock.New(rdb)
+	defer c.Close(context.Background())
+	ctx := ctxT(t)
+	_, err := c.Mutex("a").TryLock(ctx)
+	if !errors.Is(err, dlock.ErrUnavailable) || !strings.Contains(err.Error(), "NOREPLICAS") {
+		t.Fatalf("TryLock without the replicas min-replicas-to-write wants = %v, want ErrUnavailable naming NOREPLICAS", err)
+	}
+	if n := rdb.DBSize(ctx).Val(); n != 0 {
+		t.Fatalf("%d keys written by a refused script", n)
+	}
+}
