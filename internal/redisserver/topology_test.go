@@ -28,7 +28,7 @@ func serverTime(t *testing.T, s *redisserver.Server) time.Time {
 // checkOffset fails unless s's clock is offset ahead of the local clock, within 0.5s.
 func checkOffset(t *testing.T, s *redisserver.Server, offset time.Duration) {
 	t.Helper()
-	got := serverTime(t, s).Sub(time.Now())
+	got := time.Until(serverTime(t, s))
 	if d := got - offset; d < -500*time.Millisecond || d > 500*time.Millisecond {
 		t.Fatalf("%s: clock offset %v, want %v±0.5s", s.Addr, got, offset)
 	}
