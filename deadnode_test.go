@@ -2,7 +2,6 @@ package dlock_test
 
 import (
 	"context"
-	"fmt"
 	"net"
 	"sync/atomic"
 	"testing"
@@ -37,18 +36,7 @@ func TestKilledClusterMastersKeysMoveAndItsNotifierGoes(t *testing.T) {
 	defer dl.Close(ctx)
 	victim := cl.Masters()[0]
 	victimAddr.Store(victim.Addr)
-	var ls []*dlock.Lease
-	for i := 0; len(ls) < 3; i++ {
-		name := fmt.Sprintf("%s-%d", redistest.Name(t), i)
-		if node, err := cc.MasterForKey(ctx, lockKey(name)); err == nil && node.Options().Addr == victim.Addr {
-			l, err := dl.Mutex(name).Lock(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			<-dlock.Tracked(l)
-			ls = append(ls, l)
-		}
-	}
+	ls := lockAllTracked(t, dl, namesOn(t, cc, victim, 3))
 	promoted, at, err := cl.KillMaster(victim)
 	if err != nil {
 		t.Fatal(err)

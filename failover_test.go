@@ -86,6 +86,29 @@ func TestLossFoundAfterANotificationConnectionDies(t *testing.T) {
 	}
 }
 
+// namesOn returns n lock names of this test whose keys live on master.
+func namesOn(t *testing.T, cc *redis.ClusterClient, master *redistest.Server, n int) []string {
+	t.Helper()
+	var names []string
+	for i := 0; len(names) < n; i++ {
+		name := fmt.Sprintf("%s-%d", redistest.Name(t), i)
+		if node, err := cc.MasterForKey(ctxT(t), lockKey(name)); err == nil && node.Options().Addr == master.Addr {
+			names = append(names, name)
+		}
+	}
+	return names
+}
+
+// lockAllTracked takes a lease on each name through c, each tracked for push loss detection.
+func lockAllTracked(t *testing.T, c *dlock.Client, names []string, opts ...dlock.Option) []*dlock.Lease {
+	t.Helper()
+	ls := make([]*dlock.Lease, len(names))
+	for i, name := range names {
+		ls[i] = lockTracked(t, c.Mutex(name, opts...))
+	}
+	return ls
+}
+
 // holdMany takes n leases on distinct locks and returns them.
 func holdMany(t *testing.T, c *dlock.Client, prefix string, n int) []*dlock.Lease {
 	t.Helper()
@@ -255,13 +278,7 @@ func TestForcedClusterFailoverIsBrief(t *testing.T) {
 	dl := dlock.New(cc)
 	defer dl.Close(ctx)
 	victim := cl.Masters()[0]
-	var names []string
-	for i := 0; len(names) < 8; i++ {
-		name := fmt.Sprintf("%s-%d", redistest.Name(t), i)
-		if node, err := cc.MasterForKey(ctx, lockKey(name)); err == nil && node.Options().Addr == victim.Addr {
-			names = append(names, name)
-		}
-	}
+	names := namesOn(t, cc, victim, 8)
 	waiting := make(chan error, len(names))
 	for _, name := range names[:4] { // held, with a waiter that must get it after the failover
 		if _, err := dl.Mutex(name, dlock.WithTTL(3*time.Second), dlock.WithFixedLease()).Lock(ctx); err != nil {
@@ -365,21 +382,10 @@ func TestFailoverToAReplicaWithAClockAhead(t *testing.T) {
 	}
 	dl := dlock.New(cc, dlock.WithTTL(3*time.Second))
 	defer dl.Close(ctx)
-	var renewed []*dlock.Lease
-	var fixed *dlock.Lease
-	var fixedAt time.Time
-	for i := 0; len(renewed) < 20 || fixed == nil; i++ {
-		name := fmt.Sprintf("%s-%d", redistest.Name(t), i)
-		if node, err := cc.MasterForKey(ctx, lockKey(name)); err != nil || node.Options().Addr != master.Addr {
-			continue
-		}
-		if fixed == nil {
-			fixedAt = time.Now()
-			fixed = lockTracked(t, dl.Mutex(name, dlock.WithFixedLease()))
-			continue
-		}
-		renewed = append(renewed, lockTracked(t, dl.Mutex(name)))
-	}
+	names := namesOn(t, cc, master, 21)
+	fixedAt := time.Now()
+	fixed := lockTracked(t, dl.Mutex(names[0], dlock.WithFixedLease()))
+	renewed := lockAllTracked(t, dl, names[1:])
 	if err := cl.GracefulFailover(fast); err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,6 @@
 package dlock_test
 
 import (
-	"fmt"
 	"testing"
 	"time"
 
@@ -20,18 +19,7 @@ func TestKilledClusterMastersLeasesRenewOnThePromotedReplica(t *testing.T) {
 	dl := dlock.New(cc, dlock.WithTTL(6*time.Second))
 	defer dl.Close(ctx)
 	victim := cl.Masters()[0]
-	var ls []*dlock.Lease
-	for i := 0; len(ls) < 3; i++ {
-		name := fmt.Sprintf("%s-%d", redistest.Name(t), i)
-		if node, err := cc.MasterForKey(ctx, lockKey(name)); err == nil && node.Options().Addr == victim.Addr {
-			l, err := dl.Mutex(name).Lock(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			<-dlock.Tracked(l)
-			ls = append(ls, l)
-		}
-	}
+	ls := lockAllTracked(t, dl, namesOn(t, cc, victim, 3))
 	start := time.Now()
 	promoted, at, err := cl.KillMaster(victim)
 	if err != nil {
