@@ -184,7 +184,7 @@ func (c *Client) track(ctx context.Context, l *hold, sent time.Time) error {
 	l.notif = n
 	held := l.state == holdHeld // Close may have ended it already
 	if held {
-		l.setDeadlineLocked(sent, l.ttl)
+		l.setDeadlineLocked(sent, l.ttl, false)
 	}
 	l.mu.Unlock()
 	if !held {

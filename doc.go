@@ -31,11 +31,12 @@
 // Redis round trip in bounded batches (cohorting); processes wait in a FIFO kept in Redis,
 // where a release hands the lock to the next live waiter and wakes only it.
 //
-// While held, the Client's renewer extends every lease at TTL/3 (default TTL 30s). A lease is
+// While held, the Client's renewer extends every lease at TTL/4 (default TTL 30s). A lease is
 // lost when its key is deleted, expires or is taken, which Redis pushes to the Client through
 // client-side-caching invalidations (no server configuration needed), or when no renewal
-// succeeded by the lease's safe deadline: send time of the last acquire or renewal +
-// TTL × (1 − drift), on the monotonic clock. Then Done closes and Err wraps ErrLeaseLost.
+// succeeded by the lease's safe deadline: send time of the acquire, of an Extend, or of the
+// renewal before the latest one (a failover can lose the latest) + TTL × (1 − drift), on the
+// monotonic clock. Then Done closes and Err wraps ErrLeaseLost.
 //
 // # Safety model
 //

@@ -300,6 +300,9 @@ func haRep(t *testing.T, top haTopology, ttl time.Duration, rep int) (c haCounts
 			t.Logf("false loss: %v", l.Err())
 		} else {
 			c.trueLosses++
+			if c.trueLosses <= 3 {
+				t.Logf("lease lost with its hold gone from the new master (%+v): %v", info, l.Err())
+			}
 		}
 	}
 	// Hand the contested locks to the waiters.
@@ -316,6 +319,7 @@ func haRep(t *testing.T, top haTopology, ttl time.Duration, rep int) (c haCounts
 		}
 		if g.double {
 			c.doubleGrants++
+			t.Logf("double grant on %q: waiter token %d, holder token %d, holder Err %v", g.l.Name(), g.l.Token(), held[g.i].Token(), held[g.i].Err())
 		}
 		if g.l.Token() <= held[g.i].Token() {
 			c.tokenRegressions++

@@ -39,7 +39,8 @@ type hold struct {
 	err          error
 	ttl          time.Duration
 	deadline     time.Time   // monotonic: when the hold counts as lost without a renewal
-	deadlineFrom time.Time   // send time of the acquire/renewal/extend that set deadline
+	pending      time.Time   // the latest renewal's deadline, trusted once the next renewal succeeds
+	deadlineFrom time.Time   // send time of the latest acquire/renewal/extend
 	timer        *time.Timer // fires at armAt, then at deadline: one timer per hold
 	armAt        time.Time   // when to arm push loss detection (zero: done or not watched)
 	heapIdx      int         // position in the renewer's heap, -1 when not scheduled (renewer.mu)
@@ -100,7 +101,7 @@ func (h *hold) extend(ctx context.Context, ttl time.Duration) error {
 	h.mu.Lock()
 	if h.state == holdHeld {
 		h.ttl = ttl
-		h.setDeadlineLocked(sent, ttl)
+		h.setDeadlineLocked(sent, ttl, false)
 	}
 	h.mu.Unlock()
 	h.c.renew.reschedule(h, sent)
@@ -231,16 +232,30 @@ func (h *hold) end(err error, notify bool) {
 	}
 }
 
-// setDeadlineLocked moves the safe deadline to sent + ttl × (1 − drift), where ttl is the TTL
-// that very command carried, measured on the monotonic clock from when the acquire, renewal or
-// extend was sent: Redis started that TTL no earlier than that (and never shortens a held
-// lock's TTL), so the hold ends locally before it can expire there.
-func (h *hold) setDeadlineLocked(sent time.Time, ttl time.Duration) {
+// setDeadlineLocked moves the safe deadline after an acquire, renewal or extend that was sent
+// at sent with ttl: to sent + ttl × (1 − drift), measured on the monotonic clock from the send.
+// Redis started that TTL no earlier than that (and never shortens a held lock's TTL), so the
+// hold ends locally before it can expire there.
+//
+// A watchdog renewal (renewal set) moves the deadline only to the previous renewal's: a master
+// that acknowledged the latest one may die, or turn out to have been demoted (a paused master
+// coming back), before its replica got it, and the promoted replica then expires the key by
+// the previous renewal's TTL. Renewals run at TTL/4, so this costs a lease nothing while they
+// succeed. Acquires and explicit Extends count at once (see Lease.Extend).
+func (h *hold) setDeadlineLocked(sent time.Time, ttl time.Duration, renewal bool) {
 	if sent.Before(h.deadlineFrom) {
 		return // a later-sent command already set it
 	}
 	h.deadlineFrom = sent
-	h.deadline = sent.Add(h.cfg.safeLease(ttl))
+	next := sent.Add(h.cfg.safeLease(ttl))
+	if renewal {
+		if h.pending.After(h.deadline) {
+			h.deadline = h.pending
+		}
+		h.pending = next
+	} else {
+		h.deadline, h.pending = next, next
+	}
 	h.resetTimerLocked()
 }
 

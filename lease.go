@@ -211,7 +211,8 @@ func reentered(ctx context.Context, m *Mutex) *holding {
 }
 
 // Remaining returns how long the lease is certainly still held: its safe deadline (the send
-// time of the acquire or last renewal + TTL × (1 − drift)) minus now, or 0 once the lease has
+// time of the acquire, of the latest Extend or of the renewal before the latest one, + TTL ×
+// (1 − drift); between 1/2 and 3/4 of the TTL while renewals succeed) minus now, or 0 once the lease has
 // ended or the deadline has passed. A holder about to start a write that must finish under
 // the lock checks that Remaining exceeds the write's duration; beyond that, fencing tokens
 // protect the resource.

@@ -236,3 +236,28 @@ func TestCloseReleasesLeases(t *testing.T) {
 		t.Fatalf("TryLock after Close = %v, want ErrClosed", err)
 	}
 }
+
+// A renewal moves the lease's deadline only once the next renewal succeeded: a master that
+// acknowledged the latest one may die before its replica got it (issue 9, point 2). While
+// renewals succeed, the lease keeps at least half its TTL.
+func TestARenewalCountsOnceTheNextOneSucceeded(t *testing.T) {
+	const ttl = 800 * time.Millisecond
+	c, _ := newClient(t, dlock.WithTTL(ttl), dlock.WithDrift(0))
+	l, err := c.Mutex(redistest.Name(t)).Lock(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(ttl / 2) // two renewals (every TTL/4) have been sent
+	var most, least time.Duration = 0, ttl
+	for end := time.Now().Add(3 * ttl); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+		r := l.Remaining() // sampling over time is the point here
+		most, least = max(most, r), min(least, r)
+	}
+	t.Logf("Remaining over 3 TTLs of renewals: %v..%v", least.Round(time.Millisecond), most.Round(time.Millisecond))
+	if most > ttl*3/4+20*time.Millisecond {
+		t.Fatalf("Remaining reached %v: the latest renewal counted before the next one succeeded (at most %v)", most, ttl*3/4)
+	}
+	if least < ttl/2-50*time.Millisecond || l.Err() != nil {
+		t.Fatalf("Remaining fell to %v (err %v): want at least about half the TTL while renewals succeed", least, l.Err())
+	}
+}

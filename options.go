@@ -58,7 +58,7 @@ type config struct {
 	logger     *slog.Logger     // default: discard (a Client option only)
 }
 
-// WithTTL sets the lease TTL. With renewal on (the default) the lease is renewed every TTL/3
+// WithTTL sets the lease TTL. With renewal on (the default) the lease is renewed every TTL/4
 // while held, so the TTL bounds how long a crashed holder blocks others; with WithFixedLease it
 // is the whole lease. It must be at least 1ms; otherwise Lock and TryLock return ErrInvalid.
 func WithTTL(ttl time.Duration) Option { return func(c *config) { c.ttl, c.ttlSet = ttl, true } }

@@ -18,7 +18,7 @@ const (
 )
 
 // renewer is the Client's watchdog: one goroutine that schedules every hold's renewal at
-// TTL/3, batching the leases due together into one pipeline per Redis node instead of running
+// TTL/4, batching the leases due together into one pipeline per Redis node instead of running
 // a goroutine per lock. Each node's batch runs on its own short-lived goroutine, so a node that
 // is slow or down delays only its own leases. A refused renewal ends the lease as lost; a
 // failed one is retried until the lease's safe deadline timer (see hold.setDeadlineLocked)
@@ -36,7 +36,9 @@ func newRenewer(c *Client) *renewer {
 	return &renewer{c: c, kick: make(chan struct{}, 1)}
 }
 
-func renewPeriod(ttl time.Duration) time.Duration { return max(ttl/3, minRenewPeriod) }
+// renewPeriod is TTL/4: a renewal's deadline is trusted only once the next one succeeded (see
+// hold.setDeadlineLocked), which leaves a lease half its TTL of slack for retries.
+func renewPeriod(ttl time.Duration) time.Duration { return max(ttl/4, minRenewPeriod) }
 
 func (r *renewer) add(l *hold, sent time.Time) {
 	r.mu.Lock()
@@ -54,7 +56,7 @@ func (r *renewer) add(l *hold, sent time.Time) {
 	}
 }
 
-// reschedule moves a scheduled lease's next renewal to TTL/3 after sent.
+// reschedule moves a scheduled lease's next renewal to TTL/4 after sent.
 func (r *renewer) reschedule(l *hold, sent time.Time) {
 	r.mu.Lock()
 	if l.heapIdx >= 0 {
@@ -156,7 +158,7 @@ func (r *renewer) renewBatch(ctx context.Context, due []*hold) {
 		l.mu.Lock()
 		ttls[i] = l.ttl
 		l.mu.Unlock()
-		timeout = min(timeout, max(ttls[i]/3, minRenewTimeout))
+		timeout = min(timeout, max(ttls[i]/4, minRenewTimeout))
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -197,7 +199,7 @@ func (r *renewer) requeue(l *hold, at, renewed time.Time, ttl time.Duration) {
 	l.mu.Lock()
 	if l.state == holdHeld && l.heapIdx < 0 {
 		if !renewed.IsZero() {
-			l.setDeadlineLocked(renewed, ttl)
+			l.setDeadlineLocked(renewed, ttl, true)
 		}
 		l.renewAt = at
 		heap.Push(&r.h, l)
