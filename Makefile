@@ -3,12 +3,17 @@ GO ?= go
 
 .PHONY: demo test test-ha bench bench-pg safety build redis-server clean
 
-# redis-server is needed by the tests and by the demo's throwaway server.
+# redis-server is needed by the tests and by the demo's throwaway server; the failover tests
+# also build a small clock-offset shim with the C compiler.
 redis-server:
 	@command -v redis-server >/dev/null 2>&1 || { \
 	  echo "redis-server missing: installing it with apt-get"; \
 	  SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq redis-server >/dev/null; }
+	@command -v cc >/dev/null 2>&1 || command -v gcc >/dev/null 2>&1 || { \
+	  echo "C compiler missing: installing gcc with apt-get"; \
+	  SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq gcc libc6-dev >/dev/null; }
 
 build:
 	$(GO) build -o bin/dlock ./cmd/dlock
