@@ -179,9 +179,7 @@ func (c *Client) track(ctx context.Context, l *hold, sent time.Time) error {
 	c.mu.Unlock()
 	c.checkServer()
 
-	n := c.notifierFor(ctx, l.keys.lock)
 	l.mu.Lock()
-	l.notif = n
 	held := l.state == holdHeld // Close may have ended it already
 	if held {
 		l.setDeadlineLocked(sent, l.ttl, false)
@@ -190,13 +188,28 @@ func (c *Client) track(ctx context.Context, l *hold, sent time.Time) error {
 	if !held {
 		return nil
 	}
-	if n != nil {
-		n.watch(l.keys.lock, l)
-	}
+	c.watchOn(ctx, c.notifierFor(ctx, l.keys.lock), l)
 	if !l.cfg.fixedLease {
 		c.renew.add(l, sent)
 	}
 	return nil
+}
+
+// watchOn makes n (the notifier of h's node, or nil) watch h, taking the node's new notifier if
+// n retired meanwhile.
+func (c *Client) watchOn(ctx context.Context, n *notifier, h *hold) {
+	for try := 0; n != nil && try < 3; try++ {
+		h.mu.Lock()
+		h.notif = n
+		h.mu.Unlock()
+		if n.watch(h.keys.lock, h) {
+			return
+		}
+		n = c.notifierFor(ctx, h.keys.lock)
+	}
+	h.mu.Lock()
+	h.notif = nil
+	h.mu.Unlock()
 }
 
 // goBackground reserves a slot for a background goroutine (the caller starts it and calls
@@ -259,6 +272,15 @@ func (c *Client) notifierFor(ctx context.Context, key string) *notifier {
 func (c *Client) retire(n *notifier) bool {
 	c.mu.Lock()
 	if c.closed || c.notifiers[n.key] != n {
+		c.mu.Unlock()
+		return false
+	}
+	// Decided under n.mu, so no hold is watched on n after it retired (watch refuses then).
+	n.mu.Lock()
+	idle := n.idleLocked()
+	n.retired = idle
+	n.mu.Unlock()
+	if !idle {
 		c.mu.Unlock()
 		return false
 	}

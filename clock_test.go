@@ -61,14 +61,14 @@ func TestWallClockStepsDuringRenewal(t *testing.T) {
 	ctx := ctxT(t)
 	clk := &clocktest.Clock{}
 	rdb := redistest.Client(t)
-	c := dlock.New(rdb, dlock.WithClock(clk.Now), dlock.WithTTL(150*time.Millisecond), dlock.WithoutCohort())
+	c := dlock.New(rdb, dlock.WithClock(clk.Now), dlock.WithTTL(300*time.Millisecond), dlock.WithoutCohort())
 	defer c.Close(ctx)
 	name := redistest.Name(t)
 	l, err := c.Mutex(name).Lock(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := range 10 { // 1s: about 20 renewals, with a step of ±1h every 100ms
+	for i := range 10 { // 1s: about 13 renewals, with a step of ±1h every 100ms
 		clk.Jump(time.Duration(1-2*(i%2)) * time.Hour)
 		select {
 		case <-l.Done():

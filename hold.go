@@ -242,19 +242,29 @@ func (h *hold) end(err error, notify bool) {
 // coming back), before its replica got it, and the promoted replica then expires the key by
 // the previous renewal's TTL. Renewals run at TTL/4, so this costs a lease nothing while they
 // succeed. Acquires and explicit Extends count at once (see Lease.Extend).
+//
+// Replies may arrive out of order (an Extend overtaken by a renewal sent after it): every
+// command sets the TTL with GT, so each one that succeeded is a lower bound on the key's expiry,
+// and the deadline is the greatest bound that counts.
 func (h *hold) setDeadlineLocked(sent time.Time, ttl time.Duration, renewal bool) {
-	if sent.Before(h.deadlineFrom) {
-		return // a later-sent command already set it
+	if sent.After(h.deadlineFrom) {
+		h.deadlineFrom = sent
 	}
-	h.deadlineFrom = sent
 	next := sent.Add(h.cfg.safeLease(ttl))
 	if renewal {
 		if h.pending.After(h.deadline) {
 			h.deadline = h.pending
 		}
-		h.pending = next
+		if next.After(h.pending) {
+			h.pending = next
+		}
 	} else {
-		h.deadline, h.pending = next, next
+		if next.After(h.deadline) {
+			h.deadline = next
+		}
+		if next.After(h.pending) {
+			h.pending = next
+		}
 	}
 	h.resetTimerLocked()
 }

@@ -241,10 +241,15 @@ func (l *Lease) TTL() time.Duration {
 
 // Extend makes the lock's TTL in Redis at least ttl from now, if the lease is still held;
 // later watchdog renewals use ttl. It never shortens the TTL in Redis (another hold of the same
-// owner may rely on it), but the lease's own safe deadline becomes
-// send time + ttl × (1 − drift) either way. If the owner no longer holds the lock the lease ends as lost
+// owner may rely on it), nor the lease's safe deadline, which becomes at least
+// send time + ttl × (1 − drift). If the owner no longer holds the lock the lease ends as lost
 // and Extend returns an error matching ErrNotHeld and ErrLeaseLost. A Redis error (matching
 // ErrUnavailable when Redis gave no answer) leaves the lease unchanged and is returned.
+//
+// Unlike a watchdog renewal, which counts only once the next one succeeded, an Extend counts at
+// once: if the master dies, or turns out to have been demoted, before its replica got the
+// Extend, the promoted replica expires the key by the earlier TTL while the lease still runs.
+// Fence what matters, or let the watchdog renew (the default) rather than Extend a fixed lease.
 func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if l == nil {
 		return fmt.Errorf("%w: Extend of a nil Lease", ErrNotHeld)

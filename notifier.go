@@ -83,6 +83,7 @@ type notifier struct {
 	noPubSub   bool          // SUBSCRIBE refused: waiters poll
 	denied     chan struct{} // closed when noPubSub is set
 	noRole     bool          // ROLE refused: the notifier cannot tell a stale master by itself
+	retired    bool          // removed from the Client: watch refuses, callers get a new notifier
 	failing    bool          // the pub/sub connection keeps failing (logged once)
 }
 
@@ -115,6 +116,9 @@ func newNotifier(c *Client, node *redis.Client, sharded bool) *notifier {
 	opt.ClientSideCache, opt.ClientSideCacheConfig = nil, nil
 	opt.AutoPipelineOptions, opt.PushNotificationProcessor, opt.MaintNotificationsConfig = nil, nil, nil
 	opt.Limiter = nil
+	// Its calls end with their context (Close, a bounded check), not after a read timeout: a
+	// re-dial to a frozen server must not hold Close up.
+	opt.ContextTimeoutEnabled = true
 	userHook := opt.OnConnect
 	opt.OnConnect = func(ctx context.Context, cn *redis.Conn) error {
 		if userHook != nil {
@@ -203,10 +207,23 @@ func (n *notifier) rehome(why string) {
 		return
 	}
 	n.rehomedAt = time.Now()
-	oldNC, oldPS := n.nc, n.ps
 	gen := n.gen.Add(1) // before the new connection dials: its OnConnect checks the generation
-	n.psCtx = context.WithValue(n.ctx, pubsubConnKey{}, genMark{n, gen})
-	n.nc = n.newClient()
+	psCtx := context.WithValue(n.ctx, pubsubConnKey{}, genMark{n, gen})
+	nc := n.newClient()
+	n.psMu.Unlock()
+
+	// Dial outside psMu, so waiters subscribing and Close are not held up by a slow server.
+	ps := nc.Subscribe(psCtx, invalidateChannel)
+
+	n.psMu.Lock()
+	if n.ctx.Err() != nil || n.gen.Load() != gen {
+		n.psMu.Unlock()
+		_ = ps.Close()
+		_ = nc.Close()
+		return
+	}
+	oldNC, oldPS := n.nc, n.ps
+	n.nc, n.ps, n.psCtx = nc, ps, psCtx
 	n.mu.Lock()
 	chans := make([]string, 0, len(n.chans))
 	for ch, cs := range n.chans {
@@ -216,7 +233,6 @@ func (n *notifier) rehome(why string) {
 		}
 	}
 	n.mu.Unlock()
-	n.ps = n.nc.Subscribe(n.psCtx, invalidateChannel)
 	if len(chans) > 0 && !n.noPubSubNow() {
 		if n.sharded {
 			_ = n.ps.SSubscribe(n.psCtx, chans...)
@@ -273,6 +289,10 @@ func (n *notifier) refuse(flag *bool, what string, err error) {
 func (n *notifier) idle() bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	return n.idleLocked()
+}
+
+func (n *notifier) idleLocked() bool {
 	if len(n.watched) > 0 {
 		return false
 	}

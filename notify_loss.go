@@ -19,9 +19,14 @@ import (
 // read again a little later; the lease's safe deadline stays the backstop.
 
 // watch makes a hold's loss detectable by push: its key is read (and so tracked) trackDelay
-// after it was taken.
-func (n *notifier) watch(key string, l *hold) {
+// after it was taken. It reports false, watching nothing, when n has retired: the caller asks
+// the Client for the node's current notifier.
+func (n *notifier) watch(key string, l *hold) bool {
 	n.mu.Lock()
+	if n.retired {
+		n.mu.Unlock()
+		return false
+	}
 	set := n.watched[key]
 	if set == nil {
 		set = make(map[*hold]uint64)
@@ -43,6 +48,7 @@ func (n *notifier) watch(key string, l *hold) {
 	if ended {
 		n.unwatch(key, l)
 	}
+	return true
 }
 
 // arm queues a watched hold's key for its first tracked read.
@@ -412,10 +418,7 @@ func (n *notifier) moveKeys(keys []string) {
 		delete(n.pending, k)
 		n.mu.Unlock()
 		for h := range holds {
-			h.mu.Lock()
-			h.notif = to
-			h.mu.Unlock()
-			to.watch(k, h)
+			h.c.watchOn(ctx, to, h)
 		}
 	}
 }
