@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"sort"
 	"time"
 )
@@ -38,6 +39,67 @@ type verdict struct {
 	Porcupine        string `json:"porcupine"`
 	PorcupineUnknown int    `json:"porcupine_unknown"`
 	PorcupineHTML    string `json:"porcupine_html,omitempty"`
+
+	// FalseLosses counts leases that ended by an answer from Redis (not by their safe
+	// deadline) although their hold was still there: the client read the lock right after the
+	// loss and found the same owner and token block. dlock promises that only a definite
+	// answer from the lock's current master ends a lease.
+	FalseLosses int `json:"false_losses"`
+	// Re-entry through Lease.Context (default-mode workload): re-entries granted, anomalies
+	// (an inner lease with another token or owner, an inner Unlock that let the outer lease
+	// go, an inner Unlock that failed while the outer lease held on), and re-entries refused
+	// while the outer lease still had time left by its holder's reading (not counted: it may
+	// have been ending).
+	Reentries      int `json:"reentries,omitempty"`
+	ReentryErrors  int `json:"reentry_errors"`
+	ReentryRefused int `json:"reentry_refused,omitempty"`
+	// Forced releases (notification nemesis): how many found the lock held, how many of those
+	// the broken lease's holder saw (Done) before it released, how many it only learnt of at
+	// its Unlock (missed), and leases lost without a force (neither is a violation).
+	Forces        int `json:"forces,omitempty"`
+	ForcesNoticed int `json:"forces_noticed,omitempty"`
+	ForcesMissed  int `json:"forces_missed,omitempty"`
+	LostUnforced  int `json:"lost_unforced,omitempty"`
+	ForceNoHolder int `json:"force_no_holder,omitempty"`
+	// Notice latencies (ms) from a forced release's call to its holder seeing Done: all,
+	// and those forced right after the notification connections were killed.
+	Notice     *dist `json:"notice_ms,omitempty"`
+	NoticeKill *dist `json:"notice_after_kill_ms,omitempty"`
+	// Unexplained counts overlaps and double grants whose earlier lease's hold did not span
+	// a fault that may lose acknowledged writes (a Cluster master killed): with no such
+	// fault in between, nothing excuses them.
+	Unexplained int `json:"unexplained"`
+	// Unavailable (Cluster nemeses): per fault, the longest gap between successful probe
+	// TryLocks on the failing master's slots around it, in ms.
+	Unavailable *dist `json:"unavailable_ms,omitempty"`
+}
+
+// dist summarises durations in milliseconds.
+type dist struct {
+	N   int     `json:"n"`
+	P50 float64 `json:"p50"`
+	P99 float64 `json:"p99"`
+	Max float64 `json:"max"`
+}
+
+func distOf(ns []int64) *dist {
+	if len(ns) == 0 {
+		return nil
+	}
+	s := append([]int64(nil), ns...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	at := func(q float64) float64 {
+		i := int(q * float64(len(s)-1))
+		return float64(s[i]) / 1e6
+	}
+	return &dist{N: len(s), P50: at(0.5), P99: at(0.99), Max: float64(s[len(s)-1]) / 1e6}
+}
+
+func (d *dist) String() string {
+	if d == nil {
+		return "-"
+	}
+	return fmt.Sprintf("p50 %.1f / p99 %.1f / max %.1f ms (n=%d)", d.P50, d.P99, d.Max, d.N)
 }
 
 // expiredSlack allows for the client being descheduled between the library's last check of
@@ -45,8 +107,9 @@ type verdict struct {
 const expiredSlack = 10 * time.Millisecond
 
 type window struct {
-	client     int
+	holder     int
 	start, end int64
+	a          op // the acquire
 }
 
 // leaseID names one lease in a history: its client and its acquire's call time.
@@ -57,8 +120,9 @@ type leaseID struct {
 
 // check merges the clients' histories (CLOCK_MONOTONIC is shared by all processes) and counts
 // what breaks the lock's guarantees. finals holds each lockset counter at the end (nil for
-// the fenced workload); single says every acquire was one attempt (TryLock).
-func check(ops []op, finals map[int]int64, ttl time.Duration, single bool) verdict {
+// the fenced workload); single says every acquire was one attempt (TryLock); kills are the
+// instants of faults that may lose acknowledged writes (see verdict.Unexplained).
+func check(ops []op, finals map[int]int64, ttl time.Duration, single bool, kills []int64) verdict {
 	var v verdict
 	v.Ops = len(ops)
 	byLock := map[int][]op{}
@@ -71,9 +135,12 @@ func check(ops []op, finals map[int]int64, ttl time.Duration, single bool) verdi
 		}
 		byLock[o.Lock] = append(byLock[o.Lock], o)
 	}
+	var notice, noticeKill []int64
 	for _, lops := range byLock {
-		checkLock(lops, ttl, single, &v)
+		n, nk := checkLock(lops, ttl, single, kills, &v)
+		notice, noticeKill = append(notice, n...), append(noticeKill, nk...)
 	}
+	v.Notice, v.NoticeKill = distOf(notice), distOf(noticeKill)
 	if finals != nil {
 		total := 0
 		for _, c := range finals {
@@ -84,15 +151,17 @@ func check(ops []op, finals map[int]int64, ttl time.Duration, single bool) verdi
 	return v
 }
 
-func checkLock(ops []op, ttl time.Duration, single bool, v *verdict) {
+func checkLock(ops []op, ttl time.Duration, single bool, kills []int64, v *verdict) (notice, noticeKill []int64) {
 	releaseCall := map[leaseID]int64{}
-	var acquires, writes, reads, releases []op
+	releaseRes := map[leaseID]string{}
+	var acquires, writes, reads, releases, forces []op
 	for _, o := range ops {
 		switch {
 		case o.Kind == "acquire" && o.Result == "ok":
 			acquires = append(acquires, o)
 		case o.Kind == "release":
-			releaseCall[leaseID{o.Client, o.Acq}] = o.Call
+			releaseCall[leaseID{o.holder(), o.Acq}] = o.Call
+			releaseRes[leaseID{o.holder(), o.Acq}] = o.Result
 			if o.Result == "ok" {
 				releases = append(releases, o)
 			}
@@ -102,13 +171,47 @@ func checkLock(ops []op, ttl time.Duration, single bool, v *verdict) {
 			writes = append(writes, o)
 		case o.Kind == "read" && o.Result == "ok":
 			reads = append(reads, o)
+		case o.Kind == "force" && o.Result == "ok":
+			forces = append(forces, o)
+		case o.Kind == "reenter" && o.Result == "ok":
+			v.Reentries++
+		}
+		switch o.Note {
+		case "token-or-owner-differs", "outer-let-go", "inner-unlock-failed-outer-held":
+			v.ReentryErrors++
+		case "refused-while-held":
+			v.ReentryRefused++
 		}
 	}
 	v.Acquisitions += len(acquires)
+	v.Forces += len(forces)
 	for _, a := range acquires {
 		if a.Lost {
 			v.LeasesLost++
 		}
+		if a.False {
+			v.FalseLosses++
+		}
+	}
+
+	// A forced release (an operator's DEL or ForceRelease) ends the hold of whoever held the
+	// lock: that lease's window and certain hold end at the force's call. A lease granted
+	// before the force's call was broken by it if its window reaches past that call; one
+	// whose grant may have come either side of the force was broken if its holder saw it lost
+	// or its release was refused (then nothing of its window is counted).
+	broken := map[leaseID]bool{}
+	cut := func(a op, end int64) int64 {
+		for _, f := range forces {
+			if f.Return <= a.Call || f.Call >= end {
+				continue
+			}
+			id := leaseID{a.holder(), a.Call}
+			if a.Return < f.Call || (a.Lost && a.DoneAt >= f.Call) || releaseRes[id] == "fail" {
+				broken[id] = true
+				end = min(end, max(f.Call, a.Return))
+			}
+		}
+		return end
 	}
 
 	// Validity windows: from the acquire's return to the end the client last knew, cut short
@@ -116,26 +219,84 @@ func checkLock(ops []op, ttl time.Duration, single bool, v *verdict) {
 	var windows []window
 	acqReturn := map[leaseID]int64{}
 	for _, a := range acquires {
-		acqReturn[leaseID{a.Client, a.Call}] = a.Return
+		acqReturn[leaseID{a.holder(), a.Call}] = a.Return
 		if single && a.Return > a.Call+safeLease(ttl)+int64(expiredSlack) {
 			v.ExpiredHandedOut++
 		}
 		end := a.Until
-		if rc, ok := releaseCall[leaseID{a.Client, a.Call}]; ok && rc < end {
+		if rc, ok := releaseCall[leaseID{a.holder(), a.Call}]; ok && rc < end {
 			end = rc
 		}
-		if end > a.Return {
-			windows = append(windows, window{a.Client, a.Return, end})
+		if end = cut(a, end); end > a.Return {
+			windows = append(windows, window{a.holder(), a.Return, end, a})
 		}
 	}
-	v.DoubleGrants += doubleGrants(acquires, ops, ttl)
+	explained := func(a op) bool { // a fault that may lose writes fell in a's hold
+		end := max(a.Until, a.Call+safeLease(ttl))
+		if rc, ok := releaseCall[leaseID{a.holder(), a.Call}]; ok {
+			end = max(end, rc)
+		}
+		for _, k := range kills {
+			if a.Call <= k && k <= end {
+				return true
+			}
+		}
+		return false
+	}
+	dg, unexplained := doubleGrantPairs(acquires, ops, ttl, cut, explained)
+	v.DoubleGrants += dg
+	v.Unexplained += unexplained
 	v.TokenRegressions += tokenRegressions(acquires)
 	sort.Slice(windows, func(i, j int) bool { return windows[i].start < windows[j].start })
 	for i, w := range windows {
 		for j := i - 1; j >= 0 && j >= i-256; j-- {
-			if p := windows[j]; p.client != w.client && p.end > w.start {
+			if p := windows[j]; p.holder != w.holder && p.end > w.start {
 				v.Overlaps++
+				if !explained(p.a) {
+					v.Unexplained++
+				}
 				break
+			}
+		}
+	}
+
+	// Forced releases: who noticed, how fast.
+	for _, f := range forces {
+		var best int64 = -1
+		missed := false
+		for _, a := range acquires {
+			id := leaseID{a.holder(), a.Call}
+			if a.Call >= f.Return {
+				continue
+			}
+			rc, released := releaseCall[id]
+			if released && rc <= f.Call {
+				continue
+			}
+			if a.Lost && a.DoneAt >= f.Call && (best < 0 || a.DoneAt-f.Call < best) {
+				best = a.DoneAt - f.Call
+			}
+			if !a.Lost && a.Return < f.Call && releaseRes[id] == "fail" {
+				missed = true
+			}
+		}
+		switch {
+		case best >= 0:
+			v.ForcesNoticed++
+			notice = append(notice, best)
+			if f.Note != "" {
+				noticeKill = append(noticeKill, best)
+			}
+		case missed:
+			v.ForcesMissed++
+		default:
+			v.ForceNoHolder++
+		}
+	}
+	if len(forces) > 0 {
+		for _, a := range acquires {
+			if a.Lost && !broken[leaseID{a.holder(), a.Call}] {
+				v.LostUnforced++
 			}
 		}
 	}
@@ -143,13 +304,13 @@ func checkLock(ops []op, ttl time.Duration, single bool, v *verdict) {
 	// A release or extend by A succeeding after B acquired since A's acquire returned.
 	sort.Slice(acquires, func(i, j int) bool { return acquires[i].Call < acquires[j].Call })
 	for _, r := range releases {
-		ra, ok := acqReturn[leaseID{r.Client, r.Acq}]
+		ra, ok := acqReturn[leaseID{r.holder(), r.Acq}]
 		if !ok {
 			continue
 		}
 		k := sort.Search(len(acquires), func(i int) bool { return acquires[i].Call > ra })
 		for ; k < len(acquires) && acquires[k].Call < r.Call; k++ {
-			if b := acquires[k]; b.Client != r.Client && b.Return < r.Call {
+			if b := acquires[k]; b.holder() != r.holder() && b.Return < r.Call {
 				v.ForeignReleases++
 				break
 			}
@@ -173,6 +334,7 @@ func checkLock(ops []op, ttl time.Duration, single bool, v *verdict) {
 			v.StaleAccepted++
 		}
 	}
+	return notice, noticeKill
 }
 
 // doubleGrants counts acquires B granted while another client's lease A certainly still
@@ -184,17 +346,32 @@ func checkLock(ops []op, ttl time.Duration, single bool, v *verdict) {
 // client paused between a grant and recording its return only shrinks these intervals, so
 // the count stays sound under SIGSTOP.
 func doubleGrants(acquires, ops []op, ttl time.Duration) int {
+	n, _ := doubleGrantPairs(acquires, ops, ttl, nil, nil)
+	return n
+}
+
+// doubleGrantPairs is doubleGrants with forced releases (cut ends a lease's certain hold at
+// a force that broke it) and the count of those whose earlier lease's hold did not span a
+// fault that may lose writes (explained). A lease handed over locally (cohorting) holds
+// certainly only to the end of the window its holder read: its hold may predate its call.
+func doubleGrantPairs(acquires, ops []op, ttl time.Duration, cut func(op, int64) int64, explained func(op) bool) (n, unexplained int) {
 	released := map[leaseID]int64{} // release call (ok or unknown outcome)
 	for _, o := range ops {
 		if o.Kind == "release" && o.Result != "fail" {
-			released[leaseID{o.Client, o.Acq}] = o.Call
+			released[leaseID{o.holder(), o.Acq}] = o.Call
 		}
 	}
 	lease := safeLease(ttl)
 	held := func(a op) int64 { // end of the interval A certainly holds
-		end := max(a.Call+lease, a.Until)
-		if rc, ok := released[leaseID{a.Client, a.Call}]; ok {
+		end := a.Until
+		if !a.Cohort {
+			end = max(a.Call+lease, a.Until)
+		}
+		if rc, ok := released[leaseID{a.holder(), a.Call}]; ok {
 			end = min(end, rc)
+		}
+		if cut != nil {
+			end = cut(a, end)
 		}
 		return end
 	}
@@ -204,22 +381,24 @@ func doubleGrants(acquires, ops []op, ttl time.Duration) int {
 	for i, a := range byRet {
 		ends[i] = held(a)
 	}
-	n := 0
 	for i, b := range byRet {
 		for j := i - 1; j >= 0 && j >= i-512; j-- {
 			a := byRet[j]
-			if a.Client == b.Client || ends[j] <= a.Return {
+			if a.holder() == b.holder() || ends[j] <= a.Return {
 				continue
 			}
 			meets := ends[i] > b.Return && b.Return < ends[j] // a.Return <= b.Return by the order
 			inside := a.Return <= b.Call && b.Return < ends[j]
 			if meets || inside {
 				n++
+				if explained != nil && !explained(a) {
+					unexplained++
+				}
 				break
 			}
 		}
 	}
-	return n
+	return n, unexplained
 }
 
 // tokenRegressions counts acquires whose token does not exceed the highest token of the

@@ -69,13 +69,79 @@ func TestStaleReadAndOverlap(t *testing.T) {
 	r := func(c int, call int64, tok uint64) op {
 		return op{Client: c, Kind: "read", Call: call * ms, Return: (call + 1) * ms, Token: tok, Result: "ok"}
 	}
-	v := check([]op{w(1, 0, 1, 5), w(2, 2, 3, 6), r(1, 4, 5)}, nil, 100*time.Millisecond, false)
+	v := check([]op{w(1, 0, 1, 5), w(2, 2, 3, 6), r(1, 4, 5)}, nil, 100*time.Millisecond, false, nil)
 	if v.StaleAccepted != 1 {
 		t.Fatalf("a read of token 5 after token 6 was written: %d stale, want 1", v.StaleAccepted)
 	}
 	a1, a2 := acq(1, 0, 1, 1), acq(2, 2, 3, 2)
 	a1.Until, a2.Until = 50*ms, 60*ms
-	if v := check([]op{a1, a2}, nil, 100*time.Millisecond, false); v.Overlaps != 1 {
+	if v := check([]op{a1, a2}, nil, 100*time.Millisecond, false, nil); v.Overlaps != 1 {
 		t.Fatalf("two windows [1,50] and [3,60]: %d overlaps, want 1", v.Overlaps)
 	}
+}
+
+// The Cluster slot of a lock's keys, as CLUSTER KEYSLOT computes it.
+func TestSlotOf(t *testing.T) {
+	if got := slotOf("foo"); got != 12182 {
+		t.Fatalf("slotOf(foo) = %d, want 12182", got)
+	}
+	if thirdOf(5460) != 0 || thirdOf(5461) != 1 || thirdOf(10921) != 1 || thirdOf(10922) != 2 || thirdOf(16383) != 2 {
+		t.Fatal("thirdOf does not follow StartCluster's split")
+	}
+}
+
+// Goroutines of one process are holders of their own: their windows must not overlap.
+func TestGoroutinesAreHolders(t *testing.T) {
+	a1, a2 := acq(1, 0, 1, 1), acq(1, 2, 3, 2)
+	a1.G, a2.G = 1, 2
+	a1.Until, a2.Until = 50*ms, 60*ms
+	if v := check([]op{a1, a2}, nil, 100*time.Millisecond, false, nil); v.Overlaps != 1 || v.DoubleGrants != 1 {
+		t.Fatalf("two goroutines' windows [1,50] and [3,60]: %d overlaps, %d double grants, want 1 and 1", v.Overlaps, v.DoubleGrants)
+	}
+	a2.G = 1 // the same goroutine: a re-entry is not a second holder
+	if v := check([]op{a1, a2}, nil, 100*time.Millisecond, false, nil); v.Overlaps != 0 {
+		t.Fatalf("one goroutine: %d overlaps, want 0", v.Overlaps)
+	}
+}
+
+// A lease handed over locally (cohorting) holds for certain only to the end of the window
+// its holder read, not to its call + TTL: its Redis hold may be older.
+func TestCohortLeaseBound(t *testing.T) {
+	a, b := acq(1, 0, 1, 1), acq(2, 40, 45, 70)
+	a.Until = 30 * ms
+	rel := rel(1, 0, 35, "fail") // refused: a's hold was gone by then
+	if n := doubleGrants([]op{a, b}, []op{a, b, rel}, 100*time.Millisecond); n != 1 {
+		t.Fatalf("plain lease: %d double grants, want 1 (held to call + TTL)", n)
+	}
+	a.Cohort = true
+	if n := doubleGrants([]op{a, b}, []op{a, b, rel}, 100*time.Millisecond); n != 0 {
+		t.Fatalf("cohort lease: %d double grants, want 0 (held only to the window read)", n)
+	}
+}
+
+// A forced release ends the holder's window and certain hold at its call.
+func TestForcedRelease(t *testing.T) {
+	a, b := acq(1, 0, 1, 1), acq(2, 20, 60, 2)
+	a.Until, b.Until = 90*ms, 150*ms
+	a.Lost, a.DoneAt = true, 52*ms
+	f := op{Kind: "force", Call: 50 * ms, Return: 51 * ms, Result: "ok", Note: "kill-t"}
+	v := check([]op{a, b}, nil, 100*time.Millisecond, false, nil)
+	if v.Overlaps != 1 || v.DoubleGrants != 1 {
+		t.Fatalf("without the force: %d overlaps, %d double grants, want 1 and 1", v.Overlaps, v.DoubleGrants)
+	}
+	v = check([]op{a, b, f}, nil, 100*time.Millisecond, false, nil)
+	if v.Overlaps != 0 || v.DoubleGrants != 0 || v.ForcesNoticed != 1 || v.NoticeKill == nil || v.Notice.Max != 2 {
+		t.Fatalf("with the force: %+v", v)
+	}
+	if res := linearizeOne([]op{a, b, f}); res != "ok" {
+		t.Fatalf("porcupine with the force: %s", res)
+	}
+	if res := linearizeOne([]op{a, b}); res != "illegal" {
+		t.Fatalf("porcupine without the force: %s", res)
+	}
+}
+
+func linearizeOne(ops []op) string {
+	res, _, _ := linearize(ops, 100*time.Millisecond, "", "test", 5*time.Second)
+	return res
 }

@@ -7,6 +7,9 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/signal"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -40,19 +43,43 @@ type clientSpec struct {
 	Extend    bool          `json:"extend,omitempty"` // call Lease.Extend in the critical section
 	Clock     bool          `json:"clock,omitempty"`  // a clock whose wall reading jumps on SIGUSR1/2
 	Seed      int64         `json:"seed"`             // for the choice of locks
+	// ClusterAddrs, when set, are the nodes of the Redis Cluster the locks live on (a go-redis
+	// ClusterClient); LockURL is not used then.
+	ClusterAddrs []string `json:"cluster,omitempty"`
+	// Default runs dlock as shipped: cohorting on (no WithoutCohort), Goroutines goroutines
+	// taking the same locks, and re-entry through Lease.Context with probability Reenter in
+	// each critical section.
+	Default    bool    `json:"default,omitempty"`
+	Goroutines int     `json:"goroutines,omitempty"`
+	Reenter    float64 `json:"reenter,omitempty"`
 }
 
 // writeMargin is how much of its validity window a holder wants left beyond a step of work.
 const writeMargin = 20 * time.Millisecond
 
-// worker is one client process's state.
+// worker is one client goroutine's state; the goroutines of a process share everything but
+// g and rng.
 type worker struct {
 	spec clientSpec
 	r    *recorder
-	rdb  *redis.Client // the lock's Redis (possibly through a proxy)
-	res  *redis.Client // the protected resource's Redis
-	resW *redis.Client // the same, for the writes
+	rdb  redis.UniversalClient // the lock's Redis (possibly through a proxy, or a Cluster)
+	res  *redis.Client         // the protected resource's Redis
+	resW *redis.Client         // the same, for the writes
 	c    *dlock.Client
+	g    int // goroutine (1-based) in the default-mode workload, 0 otherwise
+	rng  *rand.Rand
+	// shared is the "shared" control's table of the leases held in this process, by lock.
+	shared *sharedLeases
+}
+
+type sharedLeases struct {
+	mu sync.Mutex
+	m  map[int]*dlock.Lease
+}
+
+func (w *worker) rec(o op) {
+	o.G = w.g
+	w.r.rec(o)
 }
 
 // runClient loops acquire → work → release on random locks until spec.Until, recording every
@@ -62,18 +89,24 @@ func runClient(spec clientSpec) error {
 	if err != nil {
 		return err
 	}
-	lockOpt, err := redis.ParseURL(spec.LockURL)
-	if err != nil {
-		return err
+	var rdb redis.UniversalClient
+	if len(spec.ClusterAddrs) > 0 {
+		rdb = redis.NewClusterClient(&redis.ClusterOptions{Addrs: spec.ClusterAddrs})
+	} else {
+		lockOpt, err := redis.ParseURL(spec.LockURL)
+		if err != nil {
+			return err
+		}
+		lockOpt.MaxRetries = -1 // a retry would hide a lost reply; dlock's scripts are idempotent anyway
+		rdb = redis.NewClient(lockOpt)
 	}
-	lockOpt.MaxRetries = -1 // a retry would hide a lost reply; dlock's scripts are idempotent anyway
 	resOpt, err := redis.ParseURL(spec.ResURL)
 	if err != nil {
 		return err
 	}
 	resOpt.MaxRetries = -1
 	redis.SetLogger(quietLogger{}) // dial failures while Redis is down are expected here
-	w := &worker{spec: spec, r: r, rdb: redis.NewClient(lockOpt), res: redis.NewClient(resOpt)}
+	w := &worker{spec: spec, r: r, rdb: rdb, res: redis.NewClient(resOpt)}
 	defer w.rdb.Close()
 	defer w.res.Close()
 	w.resW = w.res
@@ -87,7 +120,10 @@ func runClient(spec clientSpec) error {
 		defer w.resW.Close()
 	}
 
-	opts := []dlock.Option{dlock.WithTTL(spec.TTL), dlock.WithDrift(spec.Drift), dlock.WithoutCohort()}
+	opts := []dlock.Option{dlock.WithTTL(spec.TTL), dlock.WithDrift(spec.Drift)}
+	if !spec.Default {
+		opts = append(opts, dlock.WithoutCohort())
+	}
 	if !spec.Renew {
 		opts = append(opts, dlock.WithFixedLease())
 	}
@@ -112,10 +148,28 @@ func runClient(spec clientSpec) error {
 	w.c = dlock.New(w.rdb, opts...)
 	defer w.c.Close(context.Background())
 
-	rng := rand.New(rand.NewPCG(uint64(spec.Seed), uint64(spec.ID)))
-	for mono() < spec.Until {
-		w.round(rng.IntN(spec.Locks))
+	if spec.Goroutines <= 1 {
+		w.rng = rand.New(rand.NewPCG(uint64(spec.Seed), uint64(spec.ID)))
+		for mono() < spec.Until {
+			w.round(w.rng.IntN(spec.Locks))
+		}
+		return r.close()
 	}
+	w.shared = &sharedLeases{m: map[int]*dlock.Lease{}}
+	var wg sync.WaitGroup
+	for g := 1; g <= spec.Goroutines; g++ {
+		gw := *w
+		gw.g = g
+		gw.rng = rand.New(rand.NewPCG(uint64(spec.Seed), uint64(spec.ID*1000+g)))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for mono() < spec.Until {
+				gw.round(gw.rng.IntN(spec.Locks))
+			}
+		}()
+	}
+	wg.Wait()
 	return r.close()
 }
 
@@ -124,6 +178,55 @@ type held struct {
 	lock  int
 	lease *dlock.Lease // nil for the "nodel" control
 	acq   op
+
+	doneAt    atomic.Int64  // when the watcher saw Done close
+	falseLoss atomic.Bool   // see op.False
+	watched   chan struct{} // closed when the watcher has finished
+}
+
+// watch records when the lease's Done closes and, when the lease was lost by an answer from
+// Redis rather than by its safe deadline, whether its hold was in fact still there.
+func (w *worker) watch(h *held) {
+	h.watched = make(chan struct{})
+	l := h.lease
+	go func() {
+		defer close(h.watched)
+		<-l.Done()
+		h.doneAt.Store(mono())
+		err := l.Err()
+		if !errors.Is(err, dlock.ErrLeaseLost) || deadlineLoss(err) {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		info, ierr := w.c.Inspect(ctx, l.Name())
+		// A hold's first token starts a block of 64 (local hand-offs of a cohort take the
+		// next ones): the same owner with the block of this lease's token is the same hold.
+		if ierr == nil && info.Held && info.Owner == l.Owner() && info.Token <= l.Token() && l.Token() < info.Token+64 {
+			h.falseLoss.Store(true)
+		}
+	}()
+}
+
+// deadlineLoss reports whether a lease ended because its safe deadline passed (no renewal
+// in time, a fixed lease over, a late reply): a local decision, right whatever Redis holds.
+// The causes are the library's documented ones; they are unexported, so matched by text.
+func deadlineLoss(err error) bool {
+	s := err.Error()
+	return strings.Contains(s, "safe deadline") || strings.Contains(s, "TTL ran out")
+}
+
+// finish waits for the lease's watcher and records the acquire with what it saw.
+func (w *worker) finish(h *held) {
+	if h.watched != nil {
+		select {
+		case <-h.watched:
+		case <-time.After(3 * time.Second):
+		}
+		h.acq.DoneAt = h.doneAt.Load()
+		h.acq.False = h.falseLoss.Load()
+	}
+	w.rec(h.acq)
 }
 
 // deadline returns the end of the validity window as the client knows it now, recording it in
@@ -166,7 +269,7 @@ func (w *worker) round(i int) {
 		}
 	}
 	w.release(ctx, h)
-	w.r.rec(h.acq)
+	w.finish(h)
 }
 
 func (w *worker) acquire(ctx context.Context, i int) *held {
@@ -177,7 +280,7 @@ func (w *worker) acquire(ctx context.Context, i int) *held {
 		key := "weak:{" + name + "}"
 		ok, err := w.rdb.SetNX(ctx, key, s.ID, s.TTL).Result()
 		if err != nil || !ok {
-			w.r.rec(op{Lock: i, Kind: "acquire", Call: call, Return: mono(), Result: failOr(err)})
+			w.rec(op{Lock: i, Kind: "acquire", Call: call, Return: mono(), Result: failOr(err)})
 			time.Sleep(time.Millisecond)
 			return nil
 		}
@@ -194,7 +297,9 @@ func (w *worker) acquire(ctx context.Context, i int) *held {
 		call := mono()
 		var l *dlock.Lease
 		var err error
-		if s.Try {
+		if s.Weak == "shared" {
+			l, err = w.sharedLock(ctx, m, i)
+		} else if s.Try {
 			l, err = m.TryLock(ctx)
 		} else {
 			l, err = m.Lock(ctx)
@@ -205,11 +310,13 @@ func (w *worker) acquire(ctx context.Context, i int) *held {
 				time.Sleep(time.Millisecond)
 				continue
 			}
-			w.r.rec(op{Lock: i, Kind: "acquire", Call: call, Return: ret, Result: outcomeOf(err, "fail")})
+			w.rec(op{Lock: i, Kind: "acquire", Call: call, Return: ret, Result: outcomeOf(err, "fail")})
 			time.Sleep(10 * time.Millisecond) // Redis down: do not spin on "connection refused"
 			return nil
 		}
-		h := &held{lock: i, lease: l, acq: op{Lock: i, Kind: "acquire", Call: call, Return: ret, Token: l.Token(), Result: "ok"}}
+		h := &held{lock: i, lease: l, acq: op{Lock: i, Kind: "acquire", Call: call, Return: ret, Token: l.Token(), Result: "ok",
+			Owner: l.Owner(), Cohort: s.Default}}
+		w.watch(h)
 		h.deadline(s.TTL)
 		return h
 	}
@@ -228,7 +335,7 @@ func (w *worker) critical(ctx context.Context, h *held) {
 	switch s.Workload {
 	case "fenced":
 		_, t, err := dlock.FencedGet(ctx, w.res, reg)
-		w.r.rec(op{Lock: i, Kind: "read", Call: rc, Return: mono(), Token: t, Result: outcomeOf(err, "fail")})
+		w.rec(op{Lock: i, Kind: "read", Call: rc, Return: mono(), Token: t, Result: outcomeOf(err, "fail")})
 		if err != nil {
 			return
 		}
@@ -236,9 +343,12 @@ func (w *worker) critical(ctx context.Context, h *held) {
 		var err error
 		v, err = w.res.Get(ctx, counter).Int64()
 		if err != nil && !errors.Is(err, redis.Nil) {
-			w.r.rec(op{Lock: i, Kind: "incr", Call: rc, Return: mono(), Token: tok, Result: "fail"})
+			w.rec(op{Lock: i, Kind: "incr", Call: rc, Return: mono(), Token: tok, Result: "fail"})
 			return
 		}
+	}
+	if h.lease != nil && s.Reenter > 0 && w.rng.Float64() < s.Reenter {
+		w.reenter(ctx, h)
 	}
 	step := min(s.Work, s.TTL/4)
 	extended := false
@@ -251,7 +361,7 @@ func (w *worker) critical(ctx context.Context, h *held) {
 			extended = true
 			ec := mono()
 			err := h.lease.Extend(ctx, s.TTL)
-			w.r.rec(op{Lock: i, Kind: "extend", Call: ec, Return: mono(), Token: tok, Acq: h.acq.Call, Result: outcomeOf(err, "fail")})
+			w.rec(op{Lock: i, Kind: "extend", Call: ec, Return: mono(), Token: tok, Acq: h.acq.Call, Result: outcomeOf(err, "fail")})
 		}
 	}
 	wc := mono()
@@ -263,14 +373,97 @@ func (w *worker) critical(ctx context.Context, h *held) {
 		} else {
 			err = dlock.FencedSet(ctx, w.resW, reg, s.ID, tok)
 		}
-		w.r.rec(op{Lock: i, Kind: "write", Call: wc, Return: mono(), Token: tok, Result: outcomeOf(err, "fail")})
+		w.rec(op{Lock: i, Kind: "write", Call: wc, Return: mono(), Token: tok, Result: outcomeOf(err, "fail")})
 	case "lockset":
 		err := w.resW.Set(ctx, counter, v+1, 0).Err()
-		w.r.rec(op{Lock: i, Kind: "incr", Call: rc, Return: mono(), Token: tok, Result: outcomeOf(err, "fail"), Value: v})
+		w.rec(op{Lock: i, Kind: "incr", Call: rc, Return: mono(), Token: tok, Result: outcomeOf(err, "fail"), Value: v})
 	}
 }
 
+// reenter takes the lock again through the held lease's context (re-entry), checks that the
+// inner lease has the outer one's token and owner, and unlocks it: the outer lease must hold
+// on. Anomalies are noted on the reenter op; the checker counts them.
+func (w *worker) reenter(ctx context.Context, h *held) {
+	s := w.spec
+	rctx := h.lease.Context()
+	if w.rng.IntN(2) == 0 { // a context derived from the lease's re-enters too
+		var cancel context.CancelFunc
+		rctx, cancel = context.WithTimeout(rctx, s.OpTimeout)
+		defer cancel()
+	}
+	m := w.c.Mutex(fmt.Sprintf("safety-%d", h.lock)) // another handle on the same lock
+	call := mono()
+	var in *dlock.Lease
+	var err error
+	if w.rng.IntN(2) == 0 {
+		in, err = m.Lock(rctx)
+	} else {
+		in, err = m.TryLock(rctx)
+	}
+	o := op{Lock: h.lock, Kind: "reenter", Call: call, Return: mono(), Token: in.Token(), Acq: h.acq.Call, Result: outcomeOf(err, "fail")}
+	if err != nil {
+		if h.deadline(s.TTL) > 0 {
+			o.Note = "refused-while-held" // not counted as a violation: the lease may have been ending
+		}
+		w.rec(o)
+		return
+	}
+	if in.Token() != h.acq.Token || in.Owner() != h.lease.Owner() {
+		o.Note = "token-or-owner-differs"
+	}
+	h.deadline(s.TTL)
+	uc := mono()
+	uerr := in.Unlock(ctx)
+	u := op{Lock: h.lock, Kind: "unreenter", Call: uc, Return: mono(), Token: h.acq.Token, Acq: h.acq.Call, Result: outcomeOf(uerr, "fail")}
+	select {
+	case <-h.lease.Done():
+		if h.lease.Err() == nil {
+			u.Note = "outer-let-go" // the inner Unlock ended the outer lease
+		}
+	default:
+		if uerr != nil {
+			// An inner Unlock fails only when the holding ended (lost): the outer lease must
+			// end with it.
+			select {
+			case <-h.lease.Done():
+			case <-time.After(time.Second):
+				u.Note = "inner-unlock-failed-outer-held"
+			}
+		}
+	}
+	w.rec(o)
+	w.rec(u)
+}
+
+// sharedLock is the "shared" control's Lock: a goroutine re-enters a lease another goroutine
+// of this process holds on the lock (as if goroutines did not exclude each other), or takes
+// the lock and shares its lease.
+func (w *worker) sharedLock(ctx context.Context, m *dlock.Mutex, i int) (*dlock.Lease, error) {
+	w.shared.mu.Lock()
+	other := w.shared.m[i]
+	w.shared.mu.Unlock()
+	if other != nil {
+		if l, err := m.Lock(other.Context()); err == nil {
+			return l, nil
+		}
+	}
+	l, err := m.Lock(ctx)
+	if err == nil {
+		w.shared.mu.Lock()
+		w.shared.m[i] = l
+		w.shared.mu.Unlock()
+	}
+	return l, err
+}
+
 func (w *worker) release(ctx context.Context, h *held) {
+	if w.shared != nil {
+		w.shared.mu.Lock()
+		if w.shared.m[h.lock] == h.lease {
+			delete(w.shared.m, h.lock)
+		}
+		w.shared.mu.Unlock()
+	}
 	rc := mono()
 	var err error
 	if h.lease == nil {
@@ -279,7 +472,7 @@ func (w *worker) release(ctx context.Context, h *held) {
 		h.deadline(w.spec.TTL)
 		err = h.lease.Unlock(ctx)
 	}
-	w.r.rec(op{Lock: h.lock, Kind: "release", Call: rc, Return: mono(), Token: h.acq.Token, Acq: h.acq.Call, Result: outcomeOf(err, "fail")})
+	w.rec(op{Lock: h.lock, Kind: "release", Call: rc, Return: mono(), Token: h.acq.Token, Acq: h.acq.Call, Result: outcomeOf(err, "fail")})
 }
 
 // failOr is "fail" for a refusal (err nil) and the outcome of err otherwise.
@@ -296,6 +489,10 @@ func outcomeOf(err error, refused string) string {
 	switch {
 	case err == nil:
 		return "ok"
+	case errors.Is(err, dlock.ErrUnavailable):
+		// Even a reply that says the command did not run (READONLY, MOVED, LOADING during a
+		// failover) leaves a release to dlock's background retries: it may take effect later.
+		return "unknown"
 	case errors.Is(err, dlock.ErrNotObtained), errors.Is(err, dlock.ErrNotHeld), errors.Is(err, dlock.ErrStaleToken),
 		errors.Is(err, dlock.ErrLeaseLost):
 		return refused

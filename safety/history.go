@@ -4,14 +4,20 @@ import (
 	"bufio"
 	"encoding/json"
 	"os"
+	"sync"
 )
 
 // An op is one recorded operation of a client process, with call and return times on
 // CLOCK_MONOTONIC.
 type op struct {
-	Client int    `json:"c"`
+	Client int `json:"c"` // the client process (1-based); 0 for the nemesis's ops
+	// G is the goroutine within the client process (1-based) in the default-mode workload,
+	// where several goroutines of one process take the same locks; 0 otherwise. A holder (see
+	// holder) is one goroutine: with cohorting, the goroutines of a process share one owner
+	// id in Redis, yet each of their leases is a holder of its own, with a token of its own.
+	G      int    `json:"g,omitempty"`
 	Lock   int    `json:"l"` // which of the scenario's locks (and its resource)
-	Kind   string `json:"k"` // "acquire", "read", "write", "incr", "extend", "release"
+	Kind   string `json:"k"` // "acquire", "read", "write", "incr", "extend", "release", "reenter", "unreenter", "force"
 	Call   int64  `json:"call"`
 	Return int64  `json:"ret"`
 	Token  uint64 `json:"tok,omitempty"` // the lease's token; for a read, the token read
@@ -27,10 +33,30 @@ type op struct {
 	Acq int64 `json:"acq,omitempty"`
 	// Value is what a read-modify-write read (incr ops).
 	Value int64 `json:"v,omitempty"`
+	// Owner (acquire ops) is Lease.Owner(): the id the lease's hold has in Redis, shared by
+	// the local holders of a cohort.
+	Owner string `json:"o,omitempty"`
+	// Cohort (acquire ops) says the lease may have been handed over locally (cohorting): the
+	// Redis hold behind it may be older than the acquire's call, so only Until bounds its
+	// expiry from below, not call + TTL × (1 − drift).
+	Cohort bool `json:"co,omitempty"`
+	// DoneAt (acquire ops) is when the holder saw Done close (lost, or ended by its release).
+	DoneAt int64 `json:"done,omitempty"`
+	// False (acquire ops) says the lease ended by an answer from Redis (not by its safe
+	// deadline) while its hold was still there: the client read the lock right after and
+	// found the same owner and token block.
+	False bool `json:"false,omitempty"`
+	// Note: for force ops, "kill-t" or "kill-P" when the nemesis had just killed the
+	// notification connections of that kind; for reenter ops, a re-entry anomaly.
+	Note string `json:"note,omitempty"`
 }
+
+// holder names who holds a lease in the model and the checks: one goroutine of one process.
+func (o op) holder() int { return o.Client*1000 + o.G }
 
 // A recorder appends a client's ops to its history file, one JSON object per line.
 type recorder struct {
+	mu  sync.Mutex // the goroutines of a default-mode client share it
 	f   *os.File
 	w   *bufio.Writer
 	enc *json.Encoder
@@ -48,10 +74,14 @@ func newRecorder(path string, id int) (*recorder, error) {
 
 func (r *recorder) rec(o op) {
 	o.Client = r.id
+	r.mu.Lock()
 	_ = r.enc.Encode(o)
+	r.mu.Unlock()
 }
 
 func (r *recorder) close() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	if err := r.w.Flush(); err != nil {
 		return err
 	}

@@ -22,6 +22,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 func main() {
@@ -44,6 +46,7 @@ func main() {
 		}
 		return
 	}
+	redis.SetLogger(quietLogger{}) // the nemeses' clients see dial failures while a server is down
 	quick := os.Getenv("SAFETY_QUICK") != ""
 	if err := os.MkdirAll(*html, 0o755); err != nil {
 		fmt.Fprintln(os.Stderr, "safety:", err)

@@ -20,7 +20,16 @@ import (
 //     and only with a token above every token granted before;
 //   - only the holder releases or extends, with its own token;
 //   - the register accepts a write only with a token at least its highest, refuses it
-//     otherwise, and a read returns its highest token.
+//     otherwise, and a read returns its highest token;
+//   - a forced release (an operator's DEL or ForceRelease, by the nemesis) frees the lock
+//     whoever holds it.
+//
+// A holder is one goroutine of one client process (op.holder): with cohorting, the
+// goroutines of a process share the Redis owner id, but each lease is a holder of its own
+// with a token of its own. A lease that may have been handed over locally (op.Cohort) holds
+// for certain only until the end of the window its holder read: its Redis hold may be older
+// than its acquire's call. Re-entries (reenter, unreenter) leave the state as it is and are
+// checked by the client and the counters, not here.
 //
 // Operations whose outcome is unknown may have taken effect at any time after their call, or
 // not at all. Operations that cannot change the state whatever happened (refused or unknown
@@ -38,11 +47,12 @@ type mutexState struct {
 
 type mutexInput struct {
 	kind   string
-	client int
+	client int // the holder (op.holder)
 	token  uint64
 	call   int64
 	ret    int64 // the real return, also for unknown outcomes
 	until  int64 // acquires: the end of the validity window the holder last read
+	cohort bool  // acquires: see op.Cohort
 	result string
 }
 
@@ -56,8 +66,17 @@ func mutexModel(ttl time.Duration) porcupine.Model {
 				return nil
 			}
 			// The lease cannot expire in Redis before the holder's own last-known deadline
-			// (renewals included), nor before its acquire call + TTL × (1 − drift).
-			return []interface{}{mutexState{owner: o.client, token: o.token, lastTok: o.token, expMin: max(o.call+lease, o.until), regTok: s.regTok}}
+			// (renewals included), nor before its acquire call + TTL × (1 − drift) (unless
+			// handed over locally).
+			exp := o.until
+			if !o.cohort {
+				exp = max(o.call+lease, o.until)
+			}
+			return []interface{}{mutexState{owner: o.client, token: o.token, lastTok: o.token, expMin: exp, regTok: s.regTok}}
+		case "force":
+			freed := s
+			freed.owner, freed.token, freed.expMin = 0, 0, 0
+			return []interface{}{freed}
 		case "release":
 			mine := s.owner == o.client && s.token == o.token
 			freed := s
@@ -121,14 +140,14 @@ func mutexModel(ttl time.Duration) porcupine.Model {
 		},
 		DescribeOperation: func(in, _ interface{}) string {
 			o := in.(mutexInput)
-			return fmt.Sprintf("%s(c%d, tok %d) -> %s", o.kind, o.client, o.token, o.result)
+			return fmt.Sprintf("%s(c%d.%d, tok %d) -> %s", o.kind, o.client/1000, o.client%1000, o.token, o.result)
 		},
 		DescribeState: func(st interface{}) string {
 			s := st.(mutexState)
 			if s.owner == 0 {
 				return fmt.Sprintf("free (last token %d, register %d)", s.lastTok, s.regTok)
 			}
-			return fmt.Sprintf("held by c%d tok %d, may expire from %.3fs (register %d)", s.owner, s.token, float64(s.expMin)/1e9, s.regTok)
+			return fmt.Sprintf("held by c%d.%d tok %d, may expire from %.3fs (register %d)", s.owner/1000, s.owner%1000, s.token, float64(s.expMin)/1e9, s.regTok)
 		},
 	}
 	return nm.ToModel()
@@ -138,9 +157,12 @@ func mutexModel(ttl time.Duration) porcupine.Model {
 // change the state.
 func porcupineOps(ops []op) []porcupine.Operation {
 	var out []porcupine.Operation
+	dense := map[int]int{} // holder -> zero-based index (the visualisation has a row per client id)
 	for _, o := range ops {
 		switch {
-		case o.Kind == "incr":
+		case o.Kind == "incr", o.Kind == "reenter", o.Kind == "unreenter":
+			continue
+		case o.Kind == "force" && o.Result != "ok":
 			continue
 		case o.Kind == "acquire" && o.Result != "ok":
 			continue
@@ -154,8 +176,8 @@ func porcupineOps(ops []op) []porcupine.Operation {
 			ret = math.MaxInt64 / 2 // it may take effect any time after its call
 		}
 		out = append(out, porcupine.Operation{
-			ClientId: o.Client - 1,
-			Input:    mutexInput{kind: o.Kind, client: o.Client, token: o.Token, call: o.Call, ret: o.Return, until: o.Until, result: o.Result},
+			ClientId: denseID(dense, o.holder()),
+			Input:    mutexInput{kind: o.Kind, client: o.holder(), token: o.Token, call: o.Call, ret: o.Return, until: o.Until, cohort: o.Cohort, result: o.Result},
 			Call:     o.Call,
 			Output:   nil,
 			Return:   ret,
@@ -198,4 +220,13 @@ func linearize(ops []op, ttl time.Duration, dir, name string, timeout time.Durat
 		}
 	}
 	return result, unknown, html
+}
+
+func denseID(m map[int]int, h int) int {
+	id, ok := m[h]
+	if !ok {
+		id = len(m)
+		m[h] = id
+	}
+	return id
 }

@@ -45,9 +45,14 @@ func writeReport(dir string, results []result, info runInfo) error {
 	p("(no persistence) unless the scenario says otherwise; %d client processes, each looping on %d locks (a random one per round): ", pp.clients, pp.locks)
 	p("acquire → read the resource → work %v in steps, checking before each step that `Lease.Remaining` exceeds the step plus %v → write → release. ",
 		pp.work, writeMargin)
-	p("dlock's options: `WithTTL(%v)`, `WithDrift(%.2f)`, `WithFixedLease()` (renewing scenarios: the watchdog, and %v of work), `WithoutCohort()` ",
+	p("dlock's options in the F scenarios: `WithTTL(%v)`, `WithDrift(%.2f)`, `WithFixedLease()` (renewing scenarios: the watchdog, and %v of work), `WithoutCohort()` ",
 		pp.ttl, drift, pp.ttl*3/2)
-	p("(so every acquisition is a Redis acquisition of its own; the cohort path is covered by the unit tests, not here), a fresh handle per round. Scenarios run %v each (F1: %v). ", pp.dur, pp.longDur)
+	p("(so every acquisition is a Redis acquisition of its own), a fresh handle per round. ")
+	p("The *default-mode* scenarios (`default-*`, `notify-*`, `cluster-*`) run dlock as shipped: cohorting on (the goroutines of a process share one Redis hold and hand it over locally), ")
+	p("the watchdog renewing, %d goroutines per process (2 in notify-fenced) looping on the same locks, and in 30%% of critical sections a re-entry through the lease's context ", 4)
+	p("(`m.Lock(l.Context())` or `TryLock`, on another handle, sometimes through a derived context) whose lease must carry the outer token and owner, and whose Unlock must leave the outer lease held. ")
+	p("There a holder is one goroutine: its lease has a token of its own even when a local hand-off kept the Redis owner id, and only the end of the window it read bounds its hold (the Redis hold may predate its call). ")
+	p("Scenarios run %v each (F1: %v) unless they say otherwise below. ", pp.dur, pp.longDur)
 	p("Every operation is recorded with its call and return times on `CLOCK_MONOTONIC` (one clock for all processes), its fencing token and ok / fail / unknown (a lost reply).\n\n")
 
 	p("## What is guaranteed, and what is counted\n\n")
@@ -66,16 +71,21 @@ func writeReport(dir string, results []result, info runInfo) error {
 	p("- **porcupine**: each lock's history checked for linearizability with [porcupine](https://github.com/anishathalye/porcupine) against a lease-aware, owner-aware, fenced mutex model ")
 	p("(an acquire is legal only if the lock is free or the holder's lease could have expired, with a token above every earlier one; only the holder releases or extends; ")
 	p("the register accepts a token at least its highest and reads return its highest); operations with unknown outcomes may take effect at any time after their call or not at all. ")
-	p("An illegal history's visualisation is written to `safety/out/`; *unknown* means the check timed out.\n\n")
+	p("An illegal history's visualisation is written to `safety/out/`; *unknown* means the check timed out;\n")
+	p("- **false losses**: a lease that ended by an answer from Redis (not by its safe deadline) although its hold was still there: the client reads the lock (`Client.Inspect`) right after the loss and finds the same owner and token block. dlock promises that only a definite answer from the lock's current master ends a lease (failovers, reconnects and restarts that kept the data must not);\n")
+	p("- **re-entry errors**: an inner lease with another token or owner than the outer one, an inner Unlock that let the outer lease go, or an inner Unlock that failed while the outer lease held on;\n")
+	p("- **unexplained** (Cluster master killed): overlaps and double grants whose earlier lease's hold spanned no kill, so no replica can have missed its writes.\n\n")
+	p("A forced release (the notification nemesis: `ForceRelease` or a plain `DEL`, as an operator would) ends whoever held the lock: that lease's window and certain hold end at the force's call, ")
+	p("and the model frees the lock at some point within the force; the figures then are how long the holder took to see `Done` (from the force's call).\n\n")
 	p("Not guaranteed, and reported as *expected* beside the violations, never counted as passes: a holder paused past its lease (F1) can still ")
 	p("finish an unfenced read-modify-write (lost updates); a Redis restarted at once without persistence forgets its locks and ")
-	p("grants them again (F6-restart). Tokens do keep increasing across that restart, and that is checked: a fresh token block never starts below the Redis server's clock in microseconds ")
+	p("grants them again (F6-restart); a Cluster master killed before its replica received a write (replication is asynchronous) lets the promoted replica grant that lock again (cluster-kill). Tokens do keep increasing across that restart, and that is checked: a fresh token block never starts below the Redis server's clock in microseconds ")
 	p("(which holds unless the server's clock steps back or one lock takes over 15,625 fresh Redis holds a second).\n\n")
 	p("A positive control counts as caught only when it shows one of the kinds the dlock scenario it mirrors guarantees (listed in the scenarios below).\n\n")
 
 	p("## Results\n\n")
-	p("| scenario | fault | acquisitions | faults | leases lost | overlaps | double grants | token regressions | stale accepted | lost updates | foreign | expired | porcupine | porcupine unknown | unknown ops | violations | expected (documented limits) |\n")
-	p("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|--:|--:|---|---|\n")
+	p("| scenario | fault | acquisitions | faults | leases lost | overlaps | double grants | token regressions | stale accepted | lost updates | foreign | expired | false losses | re-entry errors | porcupine | porcupine unknown | unknown ops | violations | expected (documented limits) |\n")
+	p("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|--:|--:|---|---|\n")
 	for _, r := range results {
 		v := r.Verdict
 		var exp []string
@@ -90,13 +100,16 @@ func writeReport(dir string, results []result, info runInfo) error {
 		if fault == "" {
 			fault = "none"
 		}
-		p("| %s | %s | %d | %d | %d | %d | %d | %d | %d | %d | %d | %d | %s | %d | %d | %s | %s |\n", r.Scenario.Name, fault, v.Acquisitions, r.Faults,
-			v.LeasesLost, v.Overlaps, v.DoubleGrants, v.TokenRegressions, v.StaleAccepted, v.LostUpdates, v.ForeignReleases, v.ExpiredHandedOut, v.Porcupine,
-			v.PorcupineUnknown, v.Unknown, viol, strings.Join(exp, ", "))
+		p("| %s | %s | %d | %d | %d | %d | %d | %d | %d | %d | %d | %d | %d | %d | %s | %d | %d | %s | %s |\n", r.Scenario.Name, fault, v.Acquisitions, r.Faults,
+			v.LeasesLost, v.Overlaps, v.DoubleGrants, v.TokenRegressions, v.StaleAccepted, v.LostUpdates, v.ForeignReleases, v.ExpiredHandedOut,
+			v.FalseLosses, v.ReentryErrors, v.Porcupine, v.PorcupineUnknown, v.Unknown, viol, strings.Join(exp, ", "))
 	}
 	p("\n```\n%s\n```\n\n", summaryLine(results))
-	p("Faults: F1 SIGSTOP pauses of a lock holder (%d nemesis loops); F2, F4 and F5 one fault at a time; F3 slowed writes (%d loops); F6 kills; F9 clock steps (each steps every client).\n\n",
+	p("Faults: F1 SIGSTOP pauses of a lock holder (%d nemesis loops); F2, F4 and F5 one fault at a time; F3 slowed writes (%d loops); F6 kills; F9 clock steps (each steps every client); ",
 		min(pp.locks, 3), min(pp.locks, 3))
+	p("notify: notification-connection kills (a forced release is not counted as a fault); cluster-*: failovers.\n")
+	writeDefaultMode(p, results)
+	p("\n")
 	writeTargets(p, results)
 	p("\n## Scenarios\n\n")
 	for _, r := range results {
@@ -107,6 +120,37 @@ func writeReport(dir string, results []result, info runInfo) error {
 		p("- **%s** (seed %d): %s.%s\n", r.Scenario.Name, r.Seed, r.Scenario.About, catch)
 	}
 	return os.WriteFile(filepath.Join(dir, "SAFETY.md"), []byte(b.String()), 0o644)
+}
+
+// writeDefaultMode writes the figures of the default-mode, notification and Cluster
+// scenarios that the main table has no room for.
+func writeDefaultMode(p func(string, ...any), results []result) {
+	var rows []result
+	for _, r := range results {
+		if r.Scenario.Default {
+			rows = append(rows, r)
+		}
+	}
+	if len(rows) == 0 {
+		return
+	}
+	p("\n### Default mode, notification connections, Cluster failovers\n\n")
+	p("| scenario | goroutines × processes | TTL | re-entries (refused while the outer lease had time left) | forced releases: noticed / missed until Unlock / no holder | loss noticed after a force (from its call) | of which right after a connection kill | leases lost without a force | locks unavailable per fault (probe TryLock every 10ms) | unexplained overlaps / double grants |\n")
+	p("|---|---|--:|--:|---|---|---|--:|---|--:|\n")
+	for _, r := range rows {
+		v := r.Verdict
+		forced, lostNoForce, unexpl := "-", "-", "-"
+		if v.Forces > 0 {
+			forced = fmt.Sprintf("%d: %d / %d / %d", v.Forces, v.ForcesNoticed, v.ForcesMissed, v.ForceNoHolder)
+			lostNoForce = fmt.Sprint(v.LostUnforced)
+		}
+		if r.Scenario.Cluster {
+			unexpl = fmt.Sprint(v.Unexplained)
+		}
+		p("| %s | %d × %d | %v | %d (%d) | %s | %s | %s | %s | %s | %s |\n", r.Scenario.Name, r.Goroutines, r.Clients, time.Duration(r.TTLms)*time.Millisecond,
+			v.Reentries, v.ReentryRefused, forced, v.Notice, v.NoticeKill, lostNoForce, v.Unavailable, unexpl)
+	}
+	p("\n")
 }
 
 // writeTargets compares the run with the targets of the safety issue.
@@ -157,6 +201,32 @@ func writeTargets(p func(string, ...any), results []result) {
 			lost += fmt.Sprintf(" (control with a wall-clock-only clock: %d lost, %d overlaps)", c.Verdict.LeasesLost, c.Verdict.Overlaps)
 		}
 		row("F9: clock steps have no effect", fmt.Sprintf("%d violations and %s in %d steps of ±1h (%d acquisitions)", r.Violations(), lost, r.Faults, r.Verdict.Acquisitions), r.Violations() == 0)
+	}
+	for _, n := range []string{"default-baseline-lockset", "default-F1-fenced", "default-F4-fenced"} {
+		if r, ok := by[n]; ok {
+			row(n+" (cohorting, goroutines, re-entry): 0 violations",
+				fmt.Sprintf("%d in %d acquisitions, %d re-entries, %d faults; %d lost updates", r.Violations(), r.Verdict.Acquisitions, r.Verdict.Reentries, r.Faults, r.Verdict.LostUpdates),
+				r.Violations() == 0)
+		}
+	}
+	if r, ok := by["notify-fenced"]; ok {
+		v := r.Verdict
+		row("notification connections killed, locks force-released: 0 violations, losses noticed",
+			fmt.Sprintf("%d violations (%d false losses) in %d kills and %d forced releases; noticed %d, %s (right after a kill: %s); %d only at Unlock",
+				r.Violations(), v.FalseLosses, r.Faults, v.Forces, v.ForcesNoticed, v.Notice, v.NoticeKill, v.ForcesMissed),
+			r.Violations() == 0 && v.ForcesNoticed > 0)
+	}
+	if r, ok := by["cluster-failover-fenced"]; ok {
+		row("Cluster graceful failover: 0 violations, 0 false losses",
+			fmt.Sprintf("%d violations, %d false losses in %d failovers (%d acquisitions); locks unavailable %s", r.Violations(), r.Verdict.FalseLosses, r.Faults, r.Verdict.Acquisitions, r.Verdict.Unavailable),
+			r.Violations() == 0)
+	}
+	if r, ok := by["cluster-kill-fenced"]; ok {
+		v := r.Verdict
+		row("Cluster master killed: the double-grant rate published; 0 unexplained overlaps, 0 false losses",
+			fmt.Sprintf("%d double grants and %d overlapping windows (%d unexplained) in %d kills (%d acquisitions); porcupine %s; %d false losses; locks unavailable %s; %d violations of what still holds",
+				v.DoubleGrants, v.Overlaps, v.Unexplained, r.Faults, v.Acquisitions, v.Porcupine, v.FalseLosses, v.Unavailable, r.Violations()),
+			r.Violations() == 0)
 	}
 	caught, controls, unknown := 0, 0, 0
 	for _, r := range results {

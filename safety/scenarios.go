@@ -26,7 +26,7 @@ func safeLease(ttl time.Duration) int64 { return int64(float64(ttl) * (1 - drift
 type scenario struct {
 	Name     string `json:"name"`
 	Workload string `json:"workload"` // "fenced" or "lockset"
-	Fault    string `json:"fault"`    // "", "F1", "F2", "F3", "F4", "F5", "F6-restart", "F6-aof", "F6-delayed", "F9"
+	Fault    string `json:"fault"`    // "", "F1", "F2", "F3", "F4", "F5", "F6-restart", "F6-aof", "F6-delayed", "F9", "notify", "cluster-failover", "cluster-kill"
 	Weak     string `json:"control,omitempty"`
 	// Catch lists what a control must show (kinds dlock guarantees in the scenario it mirrors)
 	// for the run to count it as caught.
@@ -38,6 +38,21 @@ type scenario struct {
 	// WorkTTL, when set, is the work per round as a fraction of the TTL (default: the short
 	// fixed work, or 1.5 with Renew, so the watchdog must keep the lease).
 	WorkTTL float64 `json:"work_ttl,omitempty"`
+	// Default runs dlock as shipped (cohorting on) with Goroutines goroutines per client
+	// process (default 4) taking the same locks, re-entering through Lease.Context in 30% of
+	// critical sections.
+	Default    bool `json:"default,omitempty"`
+	Goroutines int  `json:"goroutines,omitempty"`
+	// TTL, when set, is the scenario's lease TTL in both runs (loss detection is measured
+	// against the notifier's and renewer's periods, which a 150-250ms TTL would hide).
+	TTL time.Duration `json:"ttl,omitempty"`
+	// Cluster puts the locks on a Redis Cluster of 3 masters and 3 replicas.
+	Cluster bool `json:"cluster,omitempty"`
+	// OpTimeout bounds each round (default 2s): longer where Lock must wait out a failover.
+	OpTimeout time.Duration `json:"op_timeout,omitempty"`
+	// FullDur and QuickDur, when set, replace the run's scenario duration.
+	FullDur  time.Duration `json:"full_dur,omitempty"`
+	QuickDur time.Duration `json:"quick_dur,omitempty"`
 	// Guarantee lists what dlock promises here (a count above 0 is a violation); Expected
 	// lists the documented limits, measured and reported beside them.
 	Guarantee []string `json:"guarantee"`
@@ -45,8 +60,9 @@ type scenario struct {
 	About     string   `json:"about"`
 }
 
-// all is every kind of violation the checker counts.
-var all = []string{"overlaps", "double", "tokens", "stale", "lost", "foreign", "expired", "illegal"}
+// all is every kind of violation the checker counts (but "unexplained", which only means
+// something where a fault may lose acknowledged writes).
+var all = []string{"overlaps", "double", "tokens", "stale", "lost", "foreign", "expired", "illegal", "false", "reentry"}
 
 func except(drop ...string) []string {
 	var out []string
@@ -77,7 +93,7 @@ var scenarios = []scenario{
 	{Name: "F4-fenced", Workload: "fenced", Fault: "F4", Renew: true, Extend: true, WorkTTL: 0.5, Guarantee: all,
 		About: "client-Redis partitions for 1.5 x TTL (toxiproxy timeout) and connection resets (reset_peer), while holders work TTL/2 with the watchdog renewing and an explicit Extend half-way: no release or extend of another owner's lock"},
 	{Name: "F5-lockset", Workload: "lockset", Fault: "F5", Guarantee: all, About: "Redis paused (SIGSTOP) for 1.5 x TTL"},
-	{Name: "F6-restart", Workload: "lockset", Fault: "F6-restart", Guarantee: []string{"tokens", "stale", "foreign", "expired"},
+	{Name: "F6-restart", Workload: "lockset", Fault: "F6-restart", Guarantee: []string{"tokens", "stale", "foreign", "expired", "false"},
 		Expected: []string{"overlaps", "double", "lost", "illegal"},
 		About:    "Redis killed and restarted at once without persistence: it forgets its locks, so a lock can be granted twice (documented)"},
 	{Name: "F6-aof", Workload: "lockset", Fault: "F6-aof", Guarantee: all, About: "Redis killed and restarted with appendfsync always"},
@@ -85,6 +101,25 @@ var scenarios = []scenario{
 		About: "Redis killed and restarted after 2 x TTL, without persistence"},
 	{Name: "F9-lockset", Workload: "lockset", Fault: "F9", Renew: true, Guarantee: all,
 		About: "every client's wall clock steps an hour forward or back every TTL/2 (injected with WithClock), renewed leases held for 1.5 x TTL: no effect"},
+	{Name: "default-baseline-lockset", Workload: "lockset", Default: true, Renew: true, WorkTTL: 0.02, Guarantee: all,
+		About: "dlock as shipped: cohorting on (no WithoutCohort), the watchdog renewing, 4 goroutines per process on the same locks, 30% of critical sections re-entering through Lease.Context; no fault: the lock alone keeps read-modify-write exact across goroutines and processes"},
+	{Name: "default-F1-fenced", Workload: "fenced", Fault: "F1", Default: true, Renew: true, WorkTTL: 0.1, Guarantee: all,
+		About: "the default mode under F1's pauses (every goroutine of the paused process stops; renewals stop with them)"},
+	{Name: "default-F4-fenced", Workload: "fenced", Fault: "F4", Default: true, Renew: true, Extend: true, WorkTTL: 0.5, Guarantee: all,
+		About: "the default mode under F4's partitions and resets, holders working TTL/2 with an Extend half-way"},
+	{Name: "notify-fenced", Workload: "fenced", Fault: "notify", Default: true, Goroutines: 2, Renew: true, TTL: 2 * time.Second, WorkTTL: 0.3,
+		OpTimeout: 10 * time.Second, FullDur: 90 * time.Second, QuickDur: 2500 * time.Millisecond, Guarantee: all,
+		About: "every 0.2-0.6s the nemesis kills the lock Redis's dlock-notify connections of one kind (tracking and pub/sub alternately), force-releases a held lock (ForceRelease or a plain DEL, alternately), or both, the force right after the kill: a holder must see the loss across the reconnect, and the kills alone must end no lease; TTL 2s, so the watchdog (every TTL/3) does not find a loss first as a rule"},
+	{Name: "cluster-failover-fenced", Workload: "fenced", Fault: "cluster-failover", Cluster: true, Default: true, Renew: true, TTL: 2 * time.Second,
+		WorkTTL: 0.25, OpTimeout: 10 * time.Second, QuickDur: 2 * time.Second, Guarantee: all,
+		About: "locks on a Redis Cluster (3 masters, 3 replicas, node timeout 1s), go-redis ClusterClient: graceful CLUSTER FAILOVER on the replica of a master that owns one of the locks, about every second; the replica catches up first, so every guarantee holds and no lease may end while its hold survives"},
+	{Name: "cluster-kill-fenced", Workload: "fenced", Fault: "cluster-kill", Cluster: true, Default: true, Renew: true, TTL: 2 * time.Second,
+		WorkTTL: 0.1, OpTimeout: 10 * time.Second, FullDur: 90 * time.Second, QuickDur: 2500 * time.Millisecond,
+		Guarantee: []string{"tokens", "stale", "foreign", "expired", "false", "reentry", "unexplained"},
+		Expected:  []string{"overlaps", "double", "illegal"},
+		About:     "the same Cluster, a master that owns one of the locks killed (SIGKILL), its replica promoted by the cluster (about 2s), the killed node restarted to rejoin as a replica; replication is asynchronous, so a lock the replica missed can be granted twice (documented, counted as expected), but not a lock whose hold no kill spanned (unexplained), and no lease may end while its hold survives"},
+	{Name: "control-default-lockset", Workload: "lockset", Default: true, Renew: true, WorkTTL: 0.02, Weak: "shared", Catch: []string{"overlaps", "double", "tokens", "lost", "illegal"},
+		About: "control: the default mode with goroutines that do not exclude each other (a goroutine re-enters the lease another goroutine of its process holds, as if holders were processes, not goroutines)"},
 	{Name: "control-F1-lockset", Workload: "lockset", Fault: "F1", Weak: "nodel", Catch: []string{"overlaps", "double", "foreign", "illegal"},
 		About: "control: SET NX PX + plain DEL, no owner check"},
 	{Name: "control-F1-fenced", Workload: "fenced", Fault: "F1", Weak: "nofence", Catch: []string{"stale", "illegal"},
@@ -106,6 +141,8 @@ type result struct {
 	Clients  int      `json:"clients"`
 	Locks    int      `json:"locks"`
 	Seed     int64    `json:"seed"`
+	// Goroutines per client process (default-mode workload), 1 otherwise.
+	Goroutines int `json:"goroutines"`
 }
 
 func (r result) count(what string) int {
@@ -129,6 +166,12 @@ func (r result) count(what string) int {
 		if v.Porcupine == "illegal" {
 			return 1
 		}
+	case "false":
+		return v.FalseLosses
+	case "reentry":
+		return v.ReentryErrors
+	case "unexplained":
+		return v.Unexplained
 	}
 	return 0
 }
@@ -154,6 +197,8 @@ func (r result) Caught() bool {
 }
 
 type params struct {
+	quick        bool
+	fixedDur     bool // -dur given: it overrides every scenario's duration
 	dur, longDur time.Duration
 	ttl, work    time.Duration
 	clients      int
@@ -171,8 +216,9 @@ func paramsFor(quick bool, dur time.Duration, htmlDir string) params {
 		p = params{dur: 2 * time.Second, longDur: 2 * time.Second, ttl: 150 * time.Millisecond, work: 5 * time.Millisecond,
 			clients: 4, locks: 2, checkTimeout: 20 * time.Second, htmlDir: htmlDir}
 	}
+	p.quick = quick
 	if dur > 0 {
-		p.dur, p.longDur = dur, dur
+		p.dur, p.longDur, p.fixedDur = dur, dur, true
 	}
 	return p
 }
@@ -187,22 +233,43 @@ func runAll(p params, only string, seed int64) ([]result, error) {
 		// A control that caught nothing runs again (up to 3 times in all): its job is to show
 		// the checker can see a broken lock, and a short run can miss the moment.
 		for try := 1; err == nil && s.Weak != "" && !r.Caught() && try < 3; try++ {
-			fmt.Printf("%-19s caught nothing in run %d of 3; running it again\n", s.Name, try)
+			fmt.Printf("%-24s caught nothing in run %d of 3; running it again\n", s.Name, try)
 			r, err = runScenario(s, p, seed+int64(i)+int64(try)*1000)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", s.Name, err)
 		}
 		v := r.Verdict
-		fmt.Printf("%-19s %6d acq %4d faults  leases lost %d  overlaps %d double %d tokens %d stale %d lost %d foreign %d expired %d porcupine %s  unknown ops %d  violations %d%s\n",
+		fmt.Printf("%-24s %6d acq %4d faults  leases lost %d  overlaps %d double %d tokens %d stale %d lost %d foreign %d expired %d false %d reentry %d/%d porcupine %s  unknown ops %d  violations %d  %.0fs%s\n",
 			s.Name, v.Acquisitions, r.Faults, v.LeasesLost, v.Overlaps, v.DoubleGrants, v.TokenRegressions, v.StaleAccepted, v.LostUpdates, v.ForeignReleases, v.ExpiredHandedOut,
-			v.Porcupine, v.Unknown, r.Violations(), controlNote(r))
+			v.FalseLosses, v.ReentryErrors, v.Reentries, v.Porcupine, v.Unknown, r.Violations(), r.Seconds, controlNote(r))
+		if extra := extraLine(r); extra != "" {
+			fmt.Printf("%-24s %s\n", "", extra)
+		}
 		if v.PorcupineHTML != "" {
-			fmt.Printf("%-19s porcupine visualisation: %s\n", "", v.PorcupineHTML)
+			fmt.Printf("%-24s porcupine visualisation: %s\n", "", v.PorcupineHTML)
 		}
 		results = append(results, r)
 	}
 	return results, nil
+}
+
+// extraLine reports the figures of the newer nemeses: forced releases and how fast they were
+// noticed, Cluster unavailability, unexplained overlaps.
+func extraLine(r result) string {
+	v := r.Verdict
+	var parts []string
+	if v.Forces > 0 {
+		parts = append(parts, fmt.Sprintf("forced %d: noticed %d (%s; right after a connection kill: %s), missed until Unlock %d, no holder %d; lost without a force %d",
+			v.Forces, v.ForcesNoticed, v.Notice, v.NoticeKill, v.ForcesMissed, v.ForceNoHolder, v.LostUnforced))
+	}
+	if v.Unavailable != nil {
+		parts = append(parts, "locks unavailable per fault: "+v.Unavailable.String())
+	}
+	if r.Scenario.Cluster {
+		parts = append(parts, fmt.Sprintf("unexplained overlaps/double grants %d", v.Unexplained))
+	}
+	return strings.Join(parts, "; ")
 }
 
 func controlNote(r result) string {
@@ -216,17 +283,41 @@ func controlNote(r result) string {
 }
 
 func runScenario(s scenario, p params, seed int64) (result, error) {
-	r := result{Scenario: s, Control: s.Weak != "", TTLms: p.ttl.Milliseconds(), Clients: p.clients, Locks: p.locks, Seed: seed}
-	// TCP where a proxy sits in between, unix sockets otherwise.
-	cfg := redisserver.Config{TCP: s.Fault == "F2" || s.Fault == "F4"}
-	if s.Fault == "F6-aof" {
-		cfg.Args = []string{"--appendonly", "yes", "--appendfsync", "always"}
+	ttl := p.ttl
+	if s.TTL > 0 {
+		ttl = s.TTL
 	}
-	lockSrv, err := redisserver.Start(cfg)
-	if err != nil {
-		return r, err
+	goroutines := 1
+	if s.Default {
+		goroutines = 4
+		if s.Goroutines > 0 {
+			goroutines = s.Goroutines
+		}
 	}
-	defer lockSrv.Stop()
+	r := result{Scenario: s, Control: s.Weak != "", TTLms: ttl.Milliseconds(), Clients: p.clients, Locks: p.locks, Seed: seed, Goroutines: goroutines}
+	e := &env{p: p, ttl: ttl, paused: map[int]bool{}, seed: r.Seed}
+	lockURL := ""
+	var clusterAddrs []string
+	if s.Cluster {
+		cl, err := redisserver.StartCluster(redisserver.ClusterConfig{})
+		if err != nil {
+			return r, err
+		}
+		defer cl.Stop()
+		e.cluster, clusterAddrs = cl, cl.Addrs()
+	} else {
+		// TCP where a proxy sits in between, unix sockets otherwise.
+		cfg := redisserver.Config{TCP: s.Fault == "F2" || s.Fault == "F4"}
+		if s.Fault == "F6-aof" {
+			cfg.Args = []string{"--appendonly", "yes", "--appendfsync", "always"}
+		}
+		lockSrv, err := redisserver.Start(cfg)
+		if err != nil {
+			return r, err
+		}
+		defer lockSrv.Stop()
+		e.lockSrv, lockURL = lockSrv, lockSrv.URL()
+	}
 	resSrv, err := redisserver.Start(redisserver.Config{TCP: s.Fault == "F3"})
 	if err != nil {
 		return r, err
@@ -242,27 +333,40 @@ func runScenario(s scenario, p params, seed int64) (result, error) {
 		fmt.Fprintf(os.Stderr, "safety: %s: histories kept in %s\n", s.Name, dir)
 	}
 
-	e := &env{p: p, lockSrv: lockSrv, res: resSrv.Client(), paused: map[int]bool{}, seed: r.Seed}
+	e.res = resSrv.Client()
 	defer e.res.Close()
-	lockURL := lockSrv.URL()
 	tx := newToxics()
 	if s.Fault == "F2" || s.Fault == "F4" {
-		if e.lockPx, err = tx.proxy(lockSrv.Addr); err != nil {
+		if e.lockPx, err = tx.proxy(e.lockSrv.Addr); err != nil {
 			return r, err
 		}
 		defer e.lockPx.Stop()
 		lockURL = proxyURL(e.lockPx)
 	}
+	if err := e.setUp(s.Fault); err != nil {
+		return r, err
+	}
+	defer e.tearDown()
 	work := p.work
 	if s.Renew {
-		work = p.ttl * 3 / 2
+		work = ttl * 3 / 2
 	}
 	if s.WorkTTL > 0 {
-		work = time.Duration(float64(p.ttl) * s.WorkTTL)
+		work = time.Duration(float64(ttl) * s.WorkTTL)
+	}
+	opTimeout := 2 * time.Second
+	if s.OpTimeout > 0 {
+		opTimeout = s.OpTimeout
 	}
 	dur := p.dur
 	if s.Long {
 		dur = p.longDur
+	}
+	if !p.fixedDur && !p.quick && s.FullDur > 0 {
+		dur = s.FullDur
+	}
+	if !p.fixedDur && p.quick && s.QuickDur > 0 {
+		dur = s.QuickDur
 	}
 	start := time.Now()
 	until := mono() + int64(dur)
@@ -279,8 +383,12 @@ func runScenario(s scenario, p params, seed int64) (result, error) {
 			writeURL = proxyURL(px)
 		}
 		spec := clientSpec{ID: i + 1, LockURL: lockURL, ResURL: resSrv.URL(), WriteURL: writeURL, Workload: s.Workload, Weak: s.Weak,
-			TTL: p.ttl, Work: work, Until: until, Locks: p.locks, HistPath: filepath.Join(dir, fmt.Sprintf("c%d.jsonl", i+1)),
-			Drift: drift, OpTimeout: 2 * time.Second, Seed: r.Seed, Renew: s.Renew, Try: s.Try, Extend: s.Extend, Clock: s.Fault == "F9"}
+			TTL: ttl, Work: work, Until: until, Locks: p.locks, HistPath: filepath.Join(dir, fmt.Sprintf("c%d.jsonl", i+1)),
+			Drift: drift, OpTimeout: opTimeout, Seed: r.Seed, Renew: s.Renew, Try: s.Try, Extend: s.Extend, Clock: s.Fault == "F9",
+			ClusterAddrs: clusterAddrs, Default: s.Default, Goroutines: goroutines}
+		if s.Default {
+			spec.Reenter = 0.3
+		}
 		b, _ := json.Marshal(spec)
 		cmd := exec.Command(os.Args[0], "-client", string(b))
 		cmd.Stderr = os.Stderr
@@ -298,9 +406,10 @@ func runScenario(s scenario, p params, seed int64) (result, error) {
 		defer wg.Done()
 		r.Faults = nemesis(s.Fault, e)
 	}()
+	e.startProbes(stop, &wg)
 	var failed error
 	for _, cmd := range e.procs {
-		if err := waitTimeout(cmd, dur+30*time.Second); err != nil && failed == nil {
+		if err := waitTimeout(cmd, dur+30*time.Second+opTimeout); err != nil && failed == nil {
 			failed = fmt.Errorf("client: %w", err)
 		}
 	}
@@ -317,6 +426,7 @@ func runScenario(s scenario, p params, seed int64) (result, error) {
 		}
 		ops = append(ops, h...)
 	}
+	ops = append(ops, e.nemOps...)
 	var finals map[int]int64
 	if s.Workload == "lockset" {
 		finals = map[int]int64{}
@@ -324,8 +434,9 @@ func runScenario(s scenario, p params, seed int64) (result, error) {
 			finals[i], _ = e.res.Get(context.Background(), fmt.Sprintf("counter:%d", i)).Int64()
 		}
 	}
-	r.Verdict = check(ops, finals, p.ttl, s.Try)
-	r.Verdict.Porcupine, r.Verdict.PorcupineUnknown, r.Verdict.PorcupineHTML = linearize(ops, p.ttl, p.htmlDir, s.Name, p.checkTimeout)
+	r.Verdict = check(ops, finals, ttl, s.Try, e.kills)
+	r.Verdict.Unavailable = e.unavailability()
+	r.Verdict.Porcupine, r.Verdict.PorcupineUnknown, r.Verdict.PorcupineHTML = linearize(ops, ttl, p.htmlDir, s.Name, p.checkTimeout)
 	r.Seconds = time.Since(start).Seconds()
 	return r, nil
 }
