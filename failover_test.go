@@ -1,7 +1,6 @@
 package dlock_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -123,6 +122,27 @@ func holdMany(t *testing.T, c *dlock.Client, prefix string, n int) []*dlock.Leas
 	return ls
 }
 
+// keepsThrough holds n tracked leases through dl across event, lets renewals and re-reads run
+// for settle, and fails the test if any lease was lost (its lock survived the event); then it
+// unlocks them all.
+func keepsThrough(t *testing.T, dl *dlock.Client, n int, what string, event func(), settle time.Duration) {
+	t.Helper()
+	ls := holdMany(t, dl, redistest.Name(t), n)
+	for _, l := range ls {
+		<-dlock.Tracked(l)
+	}
+	event()
+	time.Sleep(settle) // renewals and re-reads meet the event's replies, then the new state
+	if lost, err := falseLosses(ls); lost > 0 {
+		t.Fatalf("%d of %d leases lost in %s, which kept their locks: %v", lost, len(ls), what, err)
+	}
+	for _, l := range ls {
+		if err := l.Unlock(ctxT(t)); err != nil {
+			t.Fatalf("Unlock after %s: %v", what, err)
+		}
+	}
+}
+
 // falseLosses counts leases that ended although their lock is still theirs.
 func falseLosses(ls []*dlock.Lease) (lost int, first error) {
 	for _, l := range ls {
@@ -144,24 +164,12 @@ func TestRestartWithPersistenceIsNoLoss(t *testing.T) {
 	ctx := ctxT(t)
 	dl := dlock.New(rdb, dlock.WithTTL(6*time.Second))
 	defer dl.Close(ctx)
-	ls := holdMany(t, dl, redistest.Name(t), 50)
-	for _, l := range ls {
-		<-dlock.Tracked(l)
-	}
-	srv.Kill()
-	if err := srv.RestartNoWait(); err != nil {
-		t.Fatal(err)
-	}
-	// Renewals and re-reads meet LOADING, then the data: wait past two renewal periods.
-	time.Sleep(4500 * time.Millisecond)
-	if n, err := falseLosses(ls); n > 0 {
-		t.Fatalf("%d of %d leases lost across a restart that kept their locks: %v", n, len(ls), err)
-	}
-	for _, l := range ls {
-		if err := l.Unlock(ctx); err != nil {
-			t.Fatalf("Unlock after the restart: %v", err)
+	keepsThrough(t, dl, 50, "a restart with persistence (LOADING)", func() {
+		srv.Kill()
+		if err := srv.RestartNoWait(); err != nil {
+			t.Fatal(err)
 		}
-	}
+	}, 4500*time.Millisecond) // past renewal periods that meet LOADING, then the data
 }
 
 // A Sentinel failover, and a paused master that comes back after one, are no loss; locks
@@ -173,31 +181,20 @@ func TestSentinelFailoverIsNoLoss(t *testing.T) {
 	ctx := ctxT(t)
 	dl := dlock.New(rdb, dlock.WithTTL(8*time.Second))
 	defer dl.Close(ctx)
-	ls := holdMany(t, dl, redistest.Name(t), 30)
-	for _, l := range ls {
-		<-dlock.Tracked(l)
-	}
-	old := g.Master()
-	if err := g.Failover(); err != nil {
-		t.Fatal(err)
-	}
-	if g.Master() == old {
-		t.Fatal("no new master")
-	}
-	l, err := dl.Mutex(redistest.Name(t)).Lock(ctx)
-	if err != nil {
-		t.Fatalf("lock after the failover: %v", err)
-	}
-	_ = l.Unlock(ctx)
-	time.Sleep(3 * time.Second) // renewals and re-reads on the new master
-	if n, err := falseLosses(ls); n > 0 {
-		t.Fatalf("%d of %d leases lost in a Sentinel failover: %v", n, len(ls), err)
-	}
-	for _, l := range ls {
-		if err := l.Unlock(ctx); err != nil {
-			t.Fatalf("Unlock after the failover: %v", err)
+	keepsThrough(t, dl, 30, "a Sentinel failover", func() {
+		old := g.Master()
+		if err := g.Failover(); err != nil {
+			t.Fatal(err)
 		}
-	}
+		if g.Master() == old {
+			t.Fatal("no new master")
+		}
+		l, err := dl.Mutex(redistest.Name(t)).Lock(ctx)
+		if err != nil {
+			t.Fatalf("lock after the failover: %v", err)
+		}
+		_ = l.Unlock(ctx)
+	}, 3*time.Second)
 }
 
 // A graceful Cluster failover is no loss (issue 9, point 2).
@@ -208,25 +205,11 @@ func TestClusterFailoverIsNoLoss(t *testing.T) {
 	ctx := ctxT(t)
 	dl := dlock.New(cc, dlock.WithTTL(6*time.Second))
 	defer dl.Close(ctx)
-	ls := holdMany(t, dl, redistest.Name(t), 60) // on every shard
-	for _, l := range ls {
-		<-dlock.Tracked(l)
-	}
-	master := cl.Masters()[0]
-	if err := cl.GracefulFailover(cl.ReplicaOf(master)); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(3 * time.Second) // renewals and re-reads after the failover
-	if n, err := falseLosses(ls); n > 0 {
-		t.Fatalf("%d of %d leases lost in a graceful Cluster failover: %v", n, len(ls), err)
-	}
-	for _, l := range ls {
-		if err := l.Unlock(ctx); err != nil {
-			t.Fatalf("Unlock after the failover: %v", err)
+	keepsThrough(t, dl, 60, "a graceful Cluster failover", func() { // 60 leases: on every shard
+		if err := cl.GracefulFailover(cl.ReplicaOf(cl.Masters()[0])); err != nil {
+			t.Fatal(err)
 		}
-	}
-	var _ redis.UniversalClient = cc
-	_ = context.Background
+	}, 3*time.Second)
 }
 
 // Renewals run per node: a paused master delays only its own leases; the others keep theirs

@@ -1,32 +1,13 @@
 package dlock_test
 
 import (
-	"context"
 	"log/slog"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/internal/redistest"
-	"github.com/redis/go-redis/v9"
 )
-
-func aclDenied(t *testing.T, admin *redis.Client) int {
-	info := admin.Info(context.Background(), "commandstats").Val()
-	for _, line := range strings.Split(info, "\r\n") {
-		if v, ok := strings.CutPrefix(line, "cmdstat_hgetall:"); ok {
-			for _, f := range strings.Split(v, ",") {
-				if x, ok := strings.CutPrefix(f, "rejected_calls="); ok {
-					n, _ := strconv.Atoi(x)
-					return n
-				}
-			}
-		}
-	}
-	return 0
-}
 
 // A user without HGETALL: the tracking read of a held key would fail with NOPERM forever. It is
 // switched off with one log line, not re-read every 100 ms for the lease's whole life (found by
@@ -52,9 +33,9 @@ func TestNoPermOnTheTrackedReadSwitchesTrackingOff(t *testing.T) {
 	}
 	defer l.Unlock(ctx)
 	time.Sleep(500 * time.Millisecond)
-	before := aclDenied(t, admin)
+	before := rejectedHGETALLs(t, admin)
 	time.Sleep(1500 * time.Millisecond)
-	n := aclDenied(t, admin) - before
+	n := rejectedHGETALLs(t, admin) - before
 	logs.mu.Lock()
 	for _, r := range logs.recs {
 		t.Logf("log: %v %s", r.Level, r.Message)

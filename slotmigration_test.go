@@ -11,7 +11,9 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-func hgetallCalls(t *testing.T, c *redis.Client) int {
+// rejectedHGETALLs is how many HGETALLs the server refused so far (an error reply: ASK, MOVED,
+// NOPERM, ...), from INFO commandstats.
+func rejectedHGETALLs(t *testing.T, c *redis.Client) int {
 	info := c.Info(ctxT(t), "commandstats").Val()
 	for _, line := range strings.Split(info, "\r\n") {
 		if v, ok := strings.CutPrefix(line, "cmdstat_hgetall:"); ok {
@@ -72,7 +74,7 @@ func TestAskDuringSlotMigrationMissesNoLoss(t *testing.T) {
 	if l.Err() != nil {
 		t.Fatalf("false loss during the migration: %v", l.Err())
 	}
-	before := hgetallCalls(t, sc)
+	before := rejectedHGETALLs(t, sc)
 	// Taken from under the lease on the importing node.
 	cn := dc.Conn()
 	defer cn.Close()
@@ -88,5 +90,5 @@ func TestAskDuringSlotMigrationMissesNoLoss(t *testing.T) {
 	if took := time.Since(del); took > 1500*time.Millisecond {
 		t.Errorf("missed loss: reported %v after the DEL", took.Round(time.Millisecond))
 	}
-	t.Logf("HGETALLs rejected (ASK) by the source node meanwhile: %d", hgetallCalls(t, sc)-before)
+	t.Logf("HGETALLs rejected (ASK) by the source node meanwhile: %d", rejectedHGETALLs(t, sc)-before)
 }
