@@ -16,33 +16,11 @@ import (
 // contain flag ('t': the tracking reader, 'P': the pub/sub receiver) and returns how many.
 func killNotifyConns(t *testing.T, srv *redistest.Server, flag string) int {
 	t.Helper()
-	ctx := ctxT(t)
-	admin := srv.Client()
-	defer admin.Close()
-	list, err := admin.ClientList(ctx).Result()
+	n, err := srv.KillClientsFlagged(ctxT(t), "dlock-notify", flag)
 	if err != nil {
 		t.Fatal(err)
 	}
-	killed := 0
-	for _, line := range strings.Split(list, "\n") {
-		var id, flags string
-		named := false
-		for _, f := range strings.Fields(line) {
-			if v, ok := strings.CutPrefix(f, "id="); ok {
-				id = v
-			} else if v, ok := strings.CutPrefix(f, "flags="); ok {
-				flags = v
-			} else if f == "name=dlock-notify" {
-				named = true
-			}
-		}
-		if named && strings.Contains(flags, flag) {
-			if n, err := srv.KillClients(ctx, "ID", id); err == nil {
-				killed += n
-			}
-		}
-	}
-	return killed
+	return n
 }
 
 // Loss detection survives the death of either notification connection, and the server's idle

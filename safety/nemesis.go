@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -379,30 +378,7 @@ func (e *env) heldLock(ctx context.Context, rng *rand.Rand) (int, bool) {
 // killNotify closes every dlock-notify connection on the lock Redis whose CLIENT LIST flags
 // contain flag ('t': the tracking reader, 'P': the pub/sub receiver).
 func (e *env) killNotify(ctx context.Context, flag string) (int, error) {
-	list, err := e.lockRdb.ClientList(ctx).Result()
-	if err != nil {
-		return 0, err
-	}
-	killed := 0
-	for _, line := range strings.Split(list, "\n") {
-		var id, flags string
-		named := false
-		for _, f := range strings.Fields(line) {
-			if v, ok := strings.CutPrefix(f, "id="); ok {
-				id = v
-			} else if v, ok := strings.CutPrefix(f, "flags="); ok {
-				flags = v
-			} else if f == "name=dlock-notify" {
-				named = true
-			}
-		}
-		if named && strings.Contains(flags, flag) {
-			if n, err := e.lockSrv.KillClients(ctx, "ID", id); err == nil {
-				killed += n
-			}
-		}
-	}
-	return killed, nil
+	return e.lockSrv.KillClientsFlagged(ctx, "dlock-notify", flag)
 }
 
 // force breaks lock i whoever holds it, as an operator would: dlock's ForceRelease and a

@@ -30,22 +30,31 @@ func (s *Server) KillClients(ctx context.Context, filter ...string) (int, error)
 // KillClientsNamed closes every connection whose client name (CLIENT SETNAME, go-redis's
 // Options.ClientName) equals name and returns how many it closed.
 func (s *Server) KillClientsNamed(ctx context.Context, name string) (int, error) {
+	return s.KillClientsFlagged(ctx, name, "")
+}
+
+// KillClientsFlagged closes every connection named name whose CLIENT LIST flags contain flag
+// ("" for any; "t" a connection with tracking on, "P" a pub/sub one) and returns how many it
+// closed.
+func (s *Server) KillClientsFlagged(ctx context.Context, name, flag string) (int, error) {
 	list, err := s.adminClient().ClientList(ctx).Result()
 	if err != nil {
 		return 0, fmt.Errorf("redisserver: CLIENT LIST: %w", err)
 	}
 	killed := 0
 	for _, line := range strings.Split(list, "\n") {
-		var id string
+		var id, flags string
 		named := false
 		for _, f := range strings.Fields(line) {
 			if v, ok := strings.CutPrefix(f, "id="); ok {
 				id = v
+			} else if v, ok := strings.CutPrefix(f, "flags="); ok {
+				flags = v
 			} else if f == "name="+name {
 				named = true
 			}
 		}
-		if !named || id == "" {
+		if !named || id == "" || !strings.Contains(flags, flag) {
 			continue
 		}
 		n, err := s.KillClients(ctx, "ID", id)
