@@ -84,6 +84,11 @@ func TestHAClusterForcedFailover(t *testing.T) {
 	top := clusterTopology(cl, &victim)
 	top.fail = func(t *testing.T) time.Time {
 		replica := cl.ReplicaOf(victim)
+		// Kill a master whose writes reached its replica: a forced failover that loses
+		// acknowledged-by-nobody writes is issue 12's scenario (WithReplicaAck, Redlock).
+		if err := victim.AwaitReplicated(replica, 5*time.Second); err != nil {
+			t.Fatal(err)
+		}
 		victim.Kill()
 		at, err := cl.AwaitPromotion(replica, 20*time.Second)
 		if err != nil {

@@ -3,7 +3,9 @@ package redisserver
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
+	"time"
 )
 
 // KillClients runs CLIENT KILL with filter (e.g. "TYPE", "pubsub", or "USER", "x", or
@@ -94,4 +96,41 @@ func (s *Server) role(ctx context.Context) (roleReply, error) {
 		r.state = fmt.Sprint(v[3])
 	}
 	return r, nil
+}
+
+// AwaitReplicated waits until replica has applied s's replication stream up to s's offset at
+// the call, so a kill of s afterwards loses no write made before it. Redis replicates
+// asynchronously: without this a forced failover may promote a replica that lacks the last
+// writes, which is a scenario of its own (lost writes), not only a failover.
+func (s *Server) AwaitReplicated(replica *Server, timeout time.Duration) error {
+	ctx := context.Background()
+	info, err := s.adminClient().Info(ctx, "replication").Result()
+	if err != nil {
+		return fmt.Errorf("redisserver: INFO replication of %s: %w", s.Addr, err)
+	}
+	target, err := strconv.ParseInt(infoField(info, "master_repl_offset"), 10, 64)
+	if err != nil {
+		return fmt.Errorf("redisserver: %s: master_repl_offset: %w", s.Addr, err)
+	}
+	return poll(timeout, 2*time.Millisecond, func() (bool, string) {
+		info, err := replica.adminClient().Info(ctx, "replication").Result()
+		if err != nil {
+			return false, err.Error()
+		}
+		if infoField(info, "master_link_status") != "up" {
+			return false, "link " + infoField(info, "master_link_status")
+		}
+		got, _ := strconv.ParseInt(infoField(info, "slave_repl_offset"), 10, 64)
+		return got >= target, fmt.Sprintf("applied %d of %d", got, target)
+	}, "redisserver: "+replica.Addr+" did not catch up with "+s.Addr)
+}
+
+// infoField returns the value of field in an INFO reply, or "".
+func infoField(info, field string) string {
+	for _, line := range strings.Split(info, "\r\n") {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			return v
+		}
+	}
+	return ""
 }
