@@ -158,9 +158,13 @@ func (c *Client) waitHold(ctx context.Context, s holdSpec, contended bool) (*hol
 	}
 	n := c.notifierFor(ctx, s.keys.lock)
 	var sub *subscription
+	defer func() {
+		if sub != nil {
+			sub.close()
+		}
+	}()
 	if n != nil && (contended || n.subscribed(s.keys.channel)) {
 		sub = n.subscribe(ctx, s.keys.channel, s.owner)
-		defer func() { sub.close() }()
 	}
 	timer := time.NewTimer(0)
 	defer timer.Stop()
@@ -176,6 +180,17 @@ func (c *Client) waitHold(ctx context.Context, s holdSpec, contended bool) (*hol
 			backoff = min(max(2*backoff, minUnavailableRetry), maxUnavailableRetry)
 			wait = backoff/2 + rand.N(backoff/2+1)
 		case errors.Is(err, ErrNotObtained) && ctx.Err() == nil:
+			if failing != nil {
+				// Redis answers again after a failure: on a Cluster the slot may have a new
+				// master, whose releases publish on its own connections, not the dead node's.
+				if nn := c.notifierFor(ctx, s.keys.lock); nn != n {
+					if sub != nil {
+						sub.close()
+						sub = nil
+					}
+					n = nn
+				}
+			}
 			failing, backoff = nil, 0
 		default:
 			leave() // it may have joined the queue: a grant must not wait for it
@@ -188,7 +203,6 @@ func (c *Client) waitHold(ctx context.Context, s holdSpec, contended bool) (*hol
 			// Subscribe, then attempt again at once: a grant between the attempt and the
 			// subscription would otherwise go unnoticed until the next retry.
 			sub = n.subscribe(ctx, s.keys.channel, s.owner)
-			defer func() { sub.close() }()
 			continue
 		}
 		var wake <-chan struct{}
