@@ -260,23 +260,19 @@ func checkLock(ops []op, ttl time.Duration, single bool, kills []int64, v *verdi
 		}
 	}
 
-	// Forced releases: who noticed, how fast.
-	for _, f := range forces {
+	// Forced releases: who noticed, how fast. A force breaks the hold of the lease that held
+	// the lock when it was called (see heldAtForce); that lease's Done, not the earliest loss
+	// of any lease around, measures how fast the force was noticed.
+	byForce := heldAtForce(acquires, forces, releaseCall)
+	for fi, f := range forces {
 		var best int64 = -1
 		missed := false
-		for _, a := range acquires {
+		for _, a := range byForce[fi] {
 			id := leaseID{a.holder(), a.Call}
-			if a.Call >= f.Return {
-				continue
-			}
-			rc, released := releaseCall[id]
-			if released && rc <= f.Call {
-				continue
-			}
-			if a.Lost && a.DoneAt >= f.Call && (best < 0 || a.DoneAt-f.Call < best) {
+			if a.Lost && (best < 0 || a.DoneAt-f.Call < best) {
 				best = a.DoneAt - f.Call
 			}
-			if !a.Lost && a.Return < f.Call && releaseRes[id] == "fail" {
+			if !a.Lost && releaseRes[id] == "fail" {
 				missed = true
 			}
 		}
@@ -335,6 +331,39 @@ func checkLock(ops []op, ttl time.Duration, single bool, kills []int64, v *verdi
 		}
 	}
 	return notice, noticeKill
+}
+
+// heldAtForce returns, for each of a lock's forced releases, the leases whose hold it broke:
+// those granted before its call, neither released nor seen lost before it, and not broken
+// already by an earlier force (a hold is broken once). A lease granted while a force ran is
+// left out: ForceRelease hands the lock to the first waiter, so its hold may be one the force
+// created; and a lease broken by an earlier force and noticed only after this one tells
+// nothing of how fast this one was noticed. Attributing either would turn an unrelated later
+// loss (often one to the next force) into this force's notice time.
+func heldAtForce(acquires, forces []op, releaseCall map[leaseID]int64) [][]op {
+	order := make([]int, len(forces))
+	for i := range order {
+		order[i] = i
+	}
+	sort.Slice(order, func(i, j int) bool { return forces[order[i]].Call < forces[order[j]].Call })
+	out := make([][]op, len(forces))
+	for _, a := range acquires {
+		// The first force called after the lease was granted is the only one that can break
+		// its hold.
+		k := sort.Search(len(order), func(i int) bool { return forces[order[i]].Call > a.Return })
+		if k == len(order) {
+			continue
+		}
+		f := forces[order[k]]
+		if rc, ok := releaseCall[leaseID{a.holder(), a.Call}]; ok && rc <= f.Call {
+			continue
+		}
+		if a.Lost && a.DoneAt < f.Call {
+			continue
+		}
+		out[order[k]] = append(out[order[k]], a)
+	}
+	return out
 }
 
 // doubleGrants counts acquires B granted while another client's lease A certainly still

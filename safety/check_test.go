@@ -145,3 +145,37 @@ func linearizeOne(ops []op) string {
 	res, _, _ := linearize(ops, 100*time.Millisecond, "", "test", 5*time.Second)
 	return res
 }
+
+// A force's notice time is its holder's: a waiter granted while the force ran (ForceRelease
+// hands the lock to it) and lost to the next force, or a lease broken by an earlier force and
+// noticed late, says nothing of how fast this force was noticed.
+func TestForceNoticeAttribution(t *testing.T) {
+	ttl := 5 * time.Second
+	force := func(call int64, note string) op {
+		return op{Kind: "force", Call: call * ms, Return: (call + 1) * ms, Result: "ok", Note: note}
+	}
+	lost := func(o op, until, done int64) op {
+		o.Until, o.Lost, o.DoneAt = until*ms, true, done*ms
+		return o
+	}
+
+	// a holds when f1 comes right after a kill and learns of it only at its Unlock; b, waiting
+	// since 10, is granted by f1 and loses its lock to f2 2s later, noticing within 3ms.
+	a := acq(1, 0, 1, 1)
+	a.Until = 2000 * ms
+	b := lost(acq(2, 10, 52, 2), 2100, 2003)
+	v := check([]op{a, rel(1, 0, 100, "fail"), b, force(50, "kill-t"), force(2000, "")}, nil, ttl, false, nil)
+	if v.ForcesNoticed != 1 || v.ForcesMissed != 1 || v.Notice == nil || v.Notice.Max != 3 || v.NoticeKill != nil {
+		t.Fatalf("a waiter granted by the force: noticed %d, missed %d, notice %v, after a kill %v; want 1, 1, max 3ms, none",
+			v.ForcesNoticed, v.ForcesMissed, v.Notice, v.NoticeKill)
+	}
+
+	// f1 breaks a's hold; c takes the lock at 60 and f2 breaks c's at 100; a notices at 105,
+	// c at 300: f2 was noticed after 200ms, not 5.
+	a = lost(acq(1, 0, 1, 1), 2000, 105)
+	c := lost(acq(2, 60, 61, 2), 2000, 300)
+	v = check([]op{a, rel(1, 0, 106, "fail"), c, rel(2, 60, 301, "fail"), force(50, ""), force(100, "")}, nil, ttl, false, nil)
+	if v.ForcesNoticed != 2 || v.Notice == nil || v.Notice.P50 != 55 || v.Notice.Max != 200 {
+		t.Fatalf("a hold broken once: noticed %d, notice %v; want 2, p50 55ms, max 200ms", v.ForcesNoticed, v.Notice)
+	}
+}
