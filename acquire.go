@@ -180,16 +180,15 @@ func (c *Client) waitHold(ctx context.Context, s holdSpec, contended bool) (*hol
 			backoff = min(max(2*backoff, minUnavailableRetry), maxUnavailableRetry)
 			wait = backoff/2 + rand.N(backoff/2+1)
 		case errors.Is(err, ErrNotObtained) && ctx.Err() == nil:
-			if failing != nil {
-				// Redis answers again after a failure: on a Cluster the slot may have a new
-				// master, whose releases publish on its own connections, not the dead node's.
-				if nn := c.notifierFor(ctx, s.keys.lock); nn != n {
-					if sub != nil {
-						sub.close()
-						sub = nil
-					}
-					n = nn
+			// On a Cluster the slot may have a new master since the last attempt (a failover,
+			// a migration), whose releases publish on its own connections; a notifier may also
+			// have retired. The attempt that just answered went where the lock lives now.
+			if nn := c.notifierFor(ctx, s.keys.lock); nn != n {
+				if sub != nil {
+					sub.close()
+					sub = nil
 				}
+				n = nn
 			}
 			failing, backoff = nil, 0
 		default:

@@ -38,10 +38,11 @@ func TestKilledClusterMastersLeasesRenewOnThePromotedReplica(t *testing.T) {
 	}
 }
 
-// A waiter whose lock's Cluster master is killed subscribes again on the promoted replica once
-// Redis answers there, so the holder's release there wakes it by push, not by its next
-// periodic retry. Found by review; issue 9, point 4.
-func TestWaitersSubscribeOnThePromotedReplica(t *testing.T) {
+// A waiter whose lock's slot gets a new Cluster master subscribes again there, so the holder's
+// release there wakes it by push, not by its next periodic retry: after a kill once Redis
+// answers again, after a graceful failover when the old master drops the subscription, and
+// after a failback to the first master. Found by review; issue 9, point 4.
+func TestWaitersSubscribeOnTheSlotsNewMaster(t *testing.T) {
 	cl := redistest.StartClusterT(t, redistest.ClusterConfig{})
 	cc := cl.Client()
 	defer cc.Close()
@@ -50,39 +51,60 @@ func TestWaitersSubscribeOnThePromotedReplica(t *testing.T) {
 	defer holder.Close(ctx)
 	waiter := dlock.New(cc)
 	defer waiter.Close(ctx)
-	victim := cl.Masters()[0]
-	name := namesOn(t, cc, victim, 1)[0]
-	held := lockAllTracked(t, holder, []string{name})[0]
-	got := make(chan error, 1)
-	go func() {
-		l, err := waiter.Mutex(name).Lock(ctx)
-		if err == nil {
-			err = l.Unlock(ctx)
+	// One lock through every move, so the waiter's notifiers have seen the channel before.
+	name := namesOn(t, cc, cl.Masters()[0], 1)[0]
+	graceful := func(old *redistest.Server) *redistest.Server {
+		r := cl.ReplicaOf(old)
+		if err := cl.GracefulFailover(r); err != nil {
+			t.Fatal(err)
 		}
-		got <- err
-	}()
-	waitQueued(t, waiter, name, 1)
-	promoted, _, err := cl.KillMaster(victim)
-	if err != nil {
-		t.Fatal(err)
+		return r
 	}
-	admin := promoted.Client()
-	defer admin.Close()
-	channel := lockKey(name) + ":released"
-	for deadline := time.Now().Add(5 * time.Second); ; {
-		n, err := admin.PubSubShardNumSub(ctx, channel).Result()
-		if err == nil && n[channel] > 0 {
-			break
+	moves := []struct {
+		what string
+		move func(old *redistest.Server) *redistest.Server
+	}{
+		{"graceful failover", graceful},
+		{"failback", graceful},
+		{"kill", func(old *redistest.Server) *redistest.Server {
+			r, _, err := cl.KillMaster(old)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return r
+		}},
+	}
+	current := cl.Masters()[0]
+	for _, mv := range moves {
+		held := lockAllTracked(t, holder, []string{name})[0]
+		got := make(chan error, 1)
+		go func() {
+			l, err := waiter.Mutex(name).Lock(ctx)
+			if err == nil {
+				err = l.Unlock(ctx)
+			}
+			got <- err
+		}()
+		waitQueued(t, waiter, name, 1)
+		current = mv.move(current)
+		admin := current.Client()
+		channel := lockKey(name) + ":released"
+		for deadline := time.Now().Add(5 * time.Second); ; {
+			n, err := admin.PubSubShardNumSub(ctx, channel).Result()
+			if err == nil && n[channel] > 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: the waiter never subscribed to %s on the new master (%v, %v)", mv.what, channel, n, err)
+			}
+			time.Sleep(20 * time.Millisecond) // the subscription is the waiter's, no event reaches the test
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the waiter never subscribed to %s on the promoted master (%v, %v)", channel, n, err)
+		admin.Close()
+		if err := held.Unlock(ctx); err != nil {
+			t.Fatalf("%s: %v", mv.what, err)
 		}
-		time.Sleep(20 * time.Millisecond) // the subscription is the waiter's, no event reaches the test
-	}
-	if err := held.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-got; err != nil {
-		t.Fatalf("waiter: %v", err)
+		if err := <-got; err != nil {
+			t.Fatalf("%s: waiter: %v", mv.what, err)
+		}
 	}
 }

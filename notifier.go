@@ -425,6 +425,8 @@ func (n *notifier) receiveLoop() {
 				n.reconnected()
 			case m.Kind == "subscribe" || m.Kind == "ssubscribe":
 				n.confirm(m.Channel)
+			case m.Kind == "sunsubscribe":
+				n.dropped(m.Channel)
 			}
 		case *redis.Message:
 			if m.Channel == invalidateChannel {

@@ -45,6 +45,22 @@ func (n *notifier) released(channel, payload string) {
 	n.mu.Unlock()
 }
 
+// dropped handles a subscription the server ended by itself: a Cluster node unsubscribes a
+// shard channel when its slot moves away (a failover, a migration). Its waiters wake and
+// retry at once; the retry reaches the slot's new master and subscribes there.
+func (n *notifier) dropped(channel string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	cs := n.chans[channel]
+	if cs == nil || !cs.confirmed {
+		return // our own SUNSUBSCRIBE of an idle channel, or one not subscribed yet
+	}
+	// Detached: its subscriptions close on it, and a later waiter here subscribes afresh
+	// (the slot may come back, a failback).
+	delete(n.chans, channel)
+	wakeAll(cs)
+}
+
 func (n *notifier) confirm(channel string) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -66,6 +82,7 @@ func (n *notifier) subscribed(channel string) bool {
 type subscription struct {
 	n         *notifier
 	channel   string
+	cs        *channelState // nil when nothing was subscribed (no pub/sub, a retired notifier)
 	c         chan struct{}
 	confirmed bool // false: the channel may not be subscribed, so the waiter must poll
 }
@@ -78,7 +95,7 @@ func (n *notifier) subscribe(ctx context.Context, channel, owner string) *subscr
 	s := &subscription{n: n, channel: channel, c: make(chan struct{}, 1)}
 	n.psMu.Lock()
 	n.mu.Lock()
-	if n.noPubSub {
+	if n.noPubSub || n.retired {
 		n.mu.Unlock()
 		n.psMu.Unlock()
 		return s
@@ -91,6 +108,7 @@ func (n *notifier) subscribe(ctx context.Context, channel, owner string) *subscr
 	}
 	cs.refs++
 	cs.waiters[s.c] = owner
+	s.cs = cs
 	ready, denied := cs.ready, n.denied
 	n.mu.Unlock()
 	if fresh {
@@ -118,7 +136,7 @@ func (n *notifier) subscribe(ctx context.Context, channel, owner string) *subscr
 func (s *subscription) close() {
 	n := s.n
 	n.mu.Lock()
-	if cs := n.chans[s.channel]; cs != nil {
+	if cs := s.cs; cs != nil {
 		delete(cs.waiters, s.c)
 		cs.refs--
 		if cs.refs == 0 {
