@@ -222,7 +222,7 @@ func (co *cohort) installLocked(h *hold, waited bool) bool {
 func (co *cohort) grantLocked(ctx context.Context, m *Mutex) *Lease {
 	co.cur = newHolding(co.h, co, co.next)
 	co.next++
-	return co.cur.first(ctx, m)
+	return co.cur.first(ctx, m.ref())
 }
 
 // kickLocked starts a goroutine taking the Redis lock for the local queue, if one is needed.
@@ -368,7 +368,7 @@ func (co *cohort) releaseDetached(ctx context.Context, h *hold, l *Lease) error 
 	case h == nil || !h.beginRelease():
 		// Lost or ended by Close while we got here: the lease ends with that.
 		if l != nil {
-			lost := fmt.Errorf("%w: lock %q", ErrClosed, l.m.name)
+			lost := fmt.Errorf("%w: lock %q", ErrClosed, l.ref.name)
 			if h != nil {
 				lost = h.lossErr()
 			}

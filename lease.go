@@ -26,7 +26,7 @@ const (
 // The methods of a nil *Lease report ErrNotHeld (Unlock, Extend, Err), return a closed Done
 // channel and a cancelled Context, so `defer l.Unlock(ctx)` before the error check is safe.
 type Lease struct {
-	m      *Mutex
+	ref    lockRef
 	hd     *holding
 	token  uint64
 	done   chan struct{}
@@ -65,10 +65,10 @@ func newHolding(h *hold, co *cohort, token uint64) *holding {
 	return hd
 }
 
-// first returns the holding's first lease, taken by m with ctx. A holding ended in between
+// first returns the holding's first lease, taken through ref with ctx. A holding ended in between
 // (lost the moment it was taken) gives a lease that has ended too.
-func (hd *holding) first(ctx context.Context, m *Mutex) *Lease {
-	l := &Lease{m: m, hd: hd, token: hd.token, done: make(chan struct{}), lockCx: ctx}
+func (hd *holding) first(ctx context.Context, ref lockRef) *Lease {
+	l := &Lease{ref: ref, hd: hd, token: hd.token, done: make(chan struct{}), lockCx: ctx}
 	hd.mu.Lock()
 	ended := hd.ended
 	if !ended {
@@ -82,13 +82,13 @@ func (hd *holding) first(ctx context.Context, m *Mutex) *Lease {
 }
 
 // reenter adds a lease to a holding that is still held (a Lock given the lease's context).
-func (hd *holding) reenter(ctx context.Context, m *Mutex) (*Lease, error) {
+func (hd *holding) reenter(ctx context.Context, ref lockRef) (*Lease, error) {
 	hd.mu.Lock()
 	defer hd.mu.Unlock()
 	if hd.ended || len(hd.leases) == 0 || !hd.h.valid() {
-		return nil, notObtained(m.name, fmt.Errorf("the lease of the context has ended"))
+		return nil, notObtained(ref.name, fmt.Errorf("the lease of the context has ended"))
 	}
-	l := &Lease{m: m, hd: hd, token: hd.token, done: make(chan struct{}), lockCx: ctx}
+	l := &Lease{ref: ref, hd: hd, token: hd.token, done: make(chan struct{}), lockCx: ctx}
 	hd.leases = append(hd.leases, l)
 	return l, nil
 }
@@ -138,7 +138,7 @@ func (l *Lease) Name() string {
 	if l == nil {
 		return ""
 	}
-	return l.m.name
+	return l.ref.name
 }
 
 // Owner returns the owner id the lease's hold has in Redis: the handle's WithOwner id, an id
@@ -189,7 +189,7 @@ func (l *Lease) Context() context.Context {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.ctx == nil {
-		base := context.WithValue(context.WithoutCancel(l.lockCx), reentryKey{l.m.c, l.m.keys.lock}, l.hd)
+		base := context.WithValue(context.WithoutCancel(l.lockCx), reentryKey{l.ref.c, l.ref.lock}, l.hd)
 		l.ctx, l.cancel = context.WithCancelCause(base)
 		if l.state == leaseEnded {
 			l.cancel(l.err)
@@ -204,10 +204,18 @@ type reentryKey struct {
 	lock string
 }
 
-// reentered returns the holding m's Lock re-enters through ctx, if any.
-func reentered(ctx context.Context, m *Mutex) *holding {
-	hd, _ := ctx.Value(reentryKey{m.c, m.keys.lock}).(*holding)
+// reentered returns the holding a Lock through ref re-enters with ctx, if any.
+func reentered(ctx context.Context, ref lockRef) *holding {
+	hd, _ := ctx.Value(reentryKey{ref.c, ref.lock}).(*holding)
 	return hd
+}
+
+// A lockRef names a lock as its leases see it: the Client, the lock's name and its key (which
+// re-entry through a lease's context is matched on).
+type lockRef struct {
+	c    *Client
+	name string
+	lock string
 }
 
 // Remaining returns how long the lease is certainly still held: its safe deadline (the send
@@ -291,15 +299,15 @@ func (l *Lease) Unlock(ctx context.Context) error {
 	l.mu.Unlock()
 	switch {
 	case state == leaseReleasing:
-		return fmt.Errorf("%w: %q: Unlock already in progress", ErrNotHeld, l.m.name)
+		return fmt.Errorf("%w: %q: Unlock already in progress", ErrNotHeld, l.ref.name)
 	case unlocked:
-		return fmt.Errorf("%w: %q: already unlocked", ErrNotHeld, l.m.name)
+		return fmt.Errorf("%w: %q: already unlocked", ErrNotHeld, l.ref.name)
 	case lostErr != nil:
 		return fmt.Errorf("%w: %w", ErrNotHeld, lostErr)
 	case retry != nil:
 		return l.finishRelease(ctx, retry)
 	case state != leaseHeld:
-		return fmt.Errorf("%w: %q: already unlocked", ErrNotHeld, l.m.name)
+		return fmt.Errorf("%w: %q: already unlocked", ErrNotHeld, l.ref.name)
 	}
 	held, last := l.hd.drop(l)
 	switch {
@@ -330,10 +338,10 @@ func (l *Lease) finishRelease(ctx context.Context, h *hold) error {
 		l.retry = h
 		l.mu.Unlock()
 		l.finish(nil, false) // ended locally; a later Unlock retries the release at once
-		return fmt.Errorf("%w (dlock retries the release in the background; the lock expires within its TTL otherwise)", redisErr("unlock", l.m.name, err))
+		return fmt.Errorf("%w (dlock retries the release in the background; the lock expires within its TTL otherwise)", redisErr("unlock", l.ref.name, err))
 	}
 	if n == 0 {
-		lost := leaseLost(l.m.name, errKeyGone)
+		lost := leaseLost(l.ref.name, errKeyGone)
 		h.end(lost, false)
 		l.finish(lost, true)
 		return fmt.Errorf("%w: %w", ErrNotHeld, lost)
@@ -353,7 +361,7 @@ func (l *Lease) heldErr() error {
 	case l.err != nil:
 		return fmt.Errorf("%w: %w", ErrNotHeld, l.err)
 	default:
-		return fmt.Errorf("%w: %q: already unlocked", ErrNotHeld, l.m.name)
+		return fmt.Errorf("%w: %q: already unlocked", ErrNotHeld, l.ref.name)
 	}
 }
 

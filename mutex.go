@@ -53,6 +53,8 @@ func (c *Client) Mutex(name string, opts ...Option) *Mutex {
 	return m
 }
 
+func (m *Mutex) ref() lockRef { return lockRef{m.c, m.name, m.keys.lock} }
+
 // Name returns the lock's name.
 func (m *Mutex) Name() string { return m.name }
 
@@ -101,8 +103,8 @@ func (m *Mutex) lock(ctx context.Context, wait bool) (*Lease, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, notObtained(m.name, err)
 	}
-	if hd := reentered(ctx, m); hd != nil {
-		return hd.reenter(ctx, m)
+	if hd := reentered(ctx, m.ref()); hd != nil {
+		return hd.reenter(ctx, m.ref())
 	}
 	var l *Lease
 	var err error
@@ -138,5 +140,5 @@ func (m *Mutex) plainLock(ctx context.Context, wait bool) (*Lease, error) {
 	if err != nil {
 		return nil, err
 	}
-	return newHolding(h, nil, h.token).first(ctx, m), nil
+	return newHolding(h, nil, h.token).first(ctx, m.ref()), nil
 }
