@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -23,6 +24,50 @@ const lateRetry = 10 * time.Millisecond
 // leaveTimeout bounds how long a waiter that gives up spends leaving the Redis queue.
 const leaveTimeout = time.Second
 
+// lockWith runs a primitive's lock call take for ref: a done ctx gets no lease, a ctx holding
+// a lease of the lock re-enters it (when access allows), and a lease obtained while ctx ended
+// is given back.
+func (c *Client) lockWith(ctx context.Context, ref lockRef, a access, take func() (*Lease, error)) (*Lease, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, notObtained(ref.name, err)
+	}
+	if hd := reentered(ctx, ref); hd != nil {
+		return hd.reenter(ctx, ref, a)
+	}
+	l, err := take()
+	if err == nil && ctx.Err() != nil {
+		// The caller's ctx ended while the lock was being taken: it must not get a lease it
+		// will not expect, so the lock goes on to the next waiter.
+		_ = l.Unlock(context.WithoutCancel(ctx))
+		return nil, notObtained(ref.name, ctx.Err())
+	}
+	return l, err
+}
+
+// plainLease takes a hold of its own for s (waiting when wait is set) and returns its lease.
+func (c *Client) plainLease(ctx context.Context, ref lockRef, s holdSpec, wait bool) (*Lease, error) {
+	var h *hold
+	var err error
+	if wait {
+		h, err = c.waitHold(ctx, s, false)
+	} else {
+		h, _, err = c.tryHold(ctx, s, false)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return newHolding(h, nil, h.token).first(ctx, ref), nil
+}
+
+// callOwner returns the Redis owner id of one lock call on a handle: the WithOwner id, or the
+// handle's id with a sequence number, so goroutines sharing a handle are different owners.
+func callOwner(cfg config, handleID func() string, seq *atomic.Uint64) string {
+	if cfg.ownerSet {
+		return cfg.owner
+	}
+	return handleID() + "." + strconv.FormatUint(seq.Add(1), 36)
+}
+
 // holdSpec says which hold to take: lock, owner and configuration.
 type holdSpec struct {
 	name      string
@@ -31,6 +76,7 @@ type holdSpec struct {
 	owner     string
 	reentrant bool // false for a cohort: its own hold found in Redis is stale and re-taken
 	noBarge   bool // a cohort's acquirer: never take a free lock ahead of waiting processes
+	access    access
 }
 
 // tryHold runs the acquire script once. With queue set, a caller that does not get the lock
@@ -55,7 +101,7 @@ func (c *Client) tryHold(ctx context.Context, s holdSpec, queue bool) (*hold, ti
 	res, err := scripts.Acquire.Run(ctx, c.rdb, []string{k.lock, k.fence, k.opLog, k.queue, k.live},
 		s.owner, ttl.Milliseconds(), holdID, opLogTTL.Milliseconds(), queue,
 		livenessWindow.Milliseconds(), k.channel, grantGrace.Milliseconds(), c.publishCmd,
-		s.reentrant, queueTTL.Milliseconds(), barge.Milliseconds()).Int64Slice()
+		s.reentrant, queueTTL.Milliseconds(), barge.Milliseconds(), string(s.access)).Int64Slice()
 	if err != nil {
 		if classify(err) == replyUnavailable {
 			c.topologyMayHaveChanged(ctx) // the next attempt, the caller's or ours, may go elsewhere
@@ -94,14 +140,14 @@ func (c *Client) tryHold(ctx context.Context, s holdSpec, queue bool) (*hold, ti
 		return late(errLateReply)
 	}
 	h := &hold{
-		c: c, name: s.name, keys: k, cfg: s.cfg, owner: s.owner, holdID: holdID,
+		c: c, name: s.name, keys: k, cfg: s.cfg, owner: s.owner, holdID: holdID, access: s.access,
 		token: uint64(res[1]), tracked: make(chan struct{}), ttl: ttl, heapIdx: -1,
 	}
 	if err := c.track(ctx, h, sent); err != nil {
 		// The Client closed while the script ran: give the hold back now (Close waits for
 		// this call; a background clean-up might no longer be allowed to start).
 		rctx, cancel := context.WithTimeout(c.cleanup, abandonTimeout)
-		_, _ = runRelease(rctx, c, s.keys, s.owner, holdID, releaseIfAcquired)
+		_, _ = runRelease(rctx, c, s.keys, s.owner, holdID, s.access, releaseIfAcquired)
 		cancel()
 		h.end(err, false)
 		return nil, 0, fmt.Errorf("%w: lock %q", err, s.name)
@@ -279,7 +325,7 @@ func (c *Client) topologyMayHaveChanged(ctx context.Context) {
 func (c *Client) leaveQueueNow(s holdSpec) {
 	ctx, cancel := context.WithTimeout(c.cleanup, leaveTimeout)
 	defer cancel()
-	_, _ = runRelease(ctx, c, s.keys, s.owner, "", releaseLeavingQueue)
+	_, _ = runRelease(ctx, c, s.keys, s.owner, "", s.access, releaseLeavingQueue)
 }
 
 // abandon undoes, in the background, an acquire whose reply was lost, if Redis applied it.
@@ -291,6 +337,6 @@ func (c *Client) abandon(s holdSpec, holdID string) {
 		defer c.wg.Done()
 		ctx, cancel := context.WithTimeout(c.cleanup, abandonTimeout)
 		defer cancel()
-		_, _ = runRelease(ctx, c, s.keys, s.owner, holdID, releaseIfAcquired)
+		_, _ = runRelease(ctx, c, s.keys, s.owner, holdID, s.access, releaseIfAcquired)
 	}()
 }

@@ -27,6 +27,7 @@ type hold struct {
 	cfg    config
 	owner  string
 	holdID string
+	access access // a mutex's hold, or a read-write lock's read or write hold
 	token  uint64 // first token of the block reserved by this hold
 	notif  *notifier
 	// tracked is closed once a tracked read confirmed the hold, so a later change of the key
@@ -139,7 +140,7 @@ func (h *hold) beginRelease() bool {
 // release runs the release script: 3 handed to a waiter, 2 freed, 1 one hold dropped (or an
 // earlier attempt already applied), 0 not held.
 func (h *hold) release(ctx context.Context) (int, error) {
-	return runRelease(ctx, h.c, h.keys, h.owner, h.holdID, releaseNormal)
+	return runRelease(ctx, h.c, h.keys, h.owner, h.holdID, h.access, releaseNormal)
 }
 
 // releaseLater retries the release of h, whose release got no answer, in the background
@@ -186,12 +187,36 @@ const (
 	releaseLeavingQueue             // a waiter giving up, possibly granted meanwhile
 )
 
-func runRelease(ctx context.Context, c *Client, k keys, owner, holdID string, mode releaseMode) (int, error) {
+func runRelease(ctx context.Context, c *Client, k keys, owner, holdID string, a access, mode releaseMode) (int, error) {
 	return scripts.Release.Run(ctx, c.rdb,
 		[]string{k.lock, k.opLog, k.fence, k.queue, k.live},
 		owner, holdID, opLogTTL.Milliseconds(), k.channel, mode == releaseIfAcquired,
 		grantGrace.Milliseconds(), c.publishCmd, mode == releaseLeavingQueue,
-		bargeWindow.Milliseconds()).Int()
+		bargeWindow.Milliseconds(), string(a)).Int()
+}
+
+// access is how a hold holds its lock: a mutex's (""), or a read-write lock's shared ("r")
+// or exclusive ("w") hold. The scripts take it as is.
+type access string
+
+const (
+	accessMutex access = ""
+	accessRead  access = "r"
+	accessWrite access = "w"
+)
+
+// reentry says why a hold with access held cannot be re-entered with access want, or "".
+func (held access) reentry(want access) string {
+	switch {
+	case (held == accessMutex) != (want == accessMutex):
+		if held == accessMutex {
+			return "the context holds it as a mutex, not a read-write lock"
+		}
+		return "the context holds it as a read-write lock, not a mutex"
+	case held == accessRead && want == accessWrite:
+		return "the context holds it to read; a read lease cannot be upgraded to a write lease (two upgraders would wait for each other forever): unlock it first"
+	}
+	return ""
 }
 
 func leaseLost(name string, cause error) error {

@@ -22,6 +22,11 @@ type LockInfo struct {
 	TTL       time.Duration `json:"ttl_ns,omitempty"`     // remaining; -1 when the key has no TTL
 	Token     uint64        `json:"token,omitempty"`      // first token of the current hold (0 when free)
 	Waiters   int           `json:"waiters"`              // owners queued in Redis (a Client's cohort counts once)
+	// Kind is "rwmutex" for a read-write lock held now ("" for a mutex, or a free lock).
+	Kind string `json:"kind,omitempty"`
+	// Readers is how many owners hold a read-write lock to read (then Owner and HoldCount are
+	// empty); 0 when it is held to write, or free.
+	Readers int `json:"readers,omitempty"`
 	// Foreign is set when the lock's key holds something dlock did not write in its current
 	// layout: a value of another type, or a lock of another dlock version.
 	Foreign bool `json:"foreign,omitempty"`
@@ -59,9 +64,16 @@ func (c *Client) Inspect(ctx context.Context, name string) (LockInfo, error) {
 		info.Foreign = true // another type (WRONGTYPE), or another layout
 	}
 	info.Token, _ = strconv.ParseUint(f["#t"], 10, 64)
+	if f["#k"] == "rw" {
+		info.Kind = "rwmutex"
+	}
 	for field, v := range f {
 		if strings.HasPrefix(field, "#") {
 			continue // a per-hold or layout field, not an owner
+		}
+		if f["#m"] == "r" {
+			info.Readers++
+			continue
 		}
 		info.Owner = field
 		info.HoldCount, _ = strconv.Atoi(v)

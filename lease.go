@@ -81,8 +81,13 @@ func (hd *holding) first(ctx context.Context, ref lockRef) *Lease {
 	return l
 }
 
-// reenter adds a lease to a holding that is still held (a Lock given the lease's context).
-func (hd *holding) reenter(ctx context.Context, ref lockRef) (*Lease, error) {
+// reenter adds a lease to a holding that is still held (a Lock given the lease's context),
+// taken with access a: a read lease inside a write lease, never a write lease inside a read
+// lease (ErrInvalid), and a mutex never inside a read-write lock or the reverse.
+func (hd *holding) reenter(ctx context.Context, ref lockRef, a access) (*Lease, error) {
+	if why := hd.h.access.reentry(a); why != "" {
+		return nil, fmt.Errorf("%w: lock %q: %s", ErrInvalid, ref.name, why)
+	}
 	hd.mu.Lock()
 	defer hd.mu.Unlock()
 	if hd.ended || len(hd.leases) == 0 || !hd.h.valid() {

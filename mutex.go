@@ -2,7 +2,6 @@ package dlock
 
 import (
 	"context"
-	"strconv"
 	"sync"
 	"sync/atomic"
 )
@@ -100,45 +99,17 @@ func (m *Mutex) lock(ctx context.Context, wait bool) (*Lease, error) {
 	if m.err != nil {
 		return nil, m.err
 	}
-	if err := ctx.Err(); err != nil {
-		return nil, notObtained(m.name, err)
-	}
-	if hd := reentered(ctx, m.ref()); hd != nil {
-		return hd.reenter(ctx, m.ref())
-	}
-	var l *Lease
-	var err error
-	if m.cohort != "" {
-		l, err = m.c.cohortLock(ctx, m, wait)
-	} else {
-		l, err = m.plainLock(ctx, wait)
-	}
-	if err == nil && ctx.Err() != nil {
-		// The caller's ctx ended while the lock was being taken: it must not get a lease it
-		// will not expect, so the lock goes on to the next waiter.
-		_ = l.Unlock(context.WithoutCancel(ctx))
-		return nil, notObtained(m.name, ctx.Err())
-	}
-	return l, err
+	return m.c.lockWith(ctx, m.ref(), accessMutex, func() (*Lease, error) {
+		if m.cohort != "" {
+			return m.c.cohortLock(ctx, m, wait)
+		}
+		return m.plainLock(ctx, wait)
+	})
 }
 
 // plainLock takes the lock in Redis under an owner id of its own: the WithOwner id, or one
 // made for this call, so goroutines sharing the handle exclude each other.
 func (m *Mutex) plainLock(ctx context.Context, wait bool) (*Lease, error) {
-	owner := m.cfg.owner
-	if !m.cfg.ownerSet {
-		owner = m.Owner() + "." + strconv.FormatUint(m.seq.Add(1), 36)
-	}
-	s := holdSpec{name: m.name, keys: m.keys, cfg: m.cfg, owner: owner, reentrant: m.cfg.ownerSet}
-	var h *hold
-	var err error
-	if wait {
-		h, err = m.c.waitHold(ctx, s, false)
-	} else {
-		h, _, err = m.c.tryHold(ctx, s, false)
-	}
-	if err != nil {
-		return nil, err
-	}
-	return newHolding(h, nil, h.token).first(ctx, m.ref()), nil
+	s := holdSpec{name: m.name, keys: m.keys, cfg: m.cfg, owner: callOwner(m.cfg, m.Owner, &m.seq), reentrant: m.cfg.ownerSet}
+	return m.c.plainLease(ctx, m.ref(), s, wait)
 }

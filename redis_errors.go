@@ -27,6 +27,7 @@ const (
 	replyUnavailable                   // no definite answer: connection failure, timeout, failover reply
 	replyClosed                        // the go-redis client was closed
 	replyIncompatible                  // server too old, or a lock of another key layout
+	replyMisuse                        // a lock taken as another kind, or a read hold taken to write
 )
 
 // classify sorts err. Transport failures are unavailable whether or not the command ran; the
@@ -45,6 +46,9 @@ func classify(err error) replyKind {
 		}
 		if strings.HasPrefix(msg, "DLOCKLAYOUT") || isOldServer(msg) {
 			return replyIncompatible
+		}
+		if strings.HasPrefix(msg, "DLOCKKIND") || strings.HasPrefix(msg, "DLOCKUPGRADE") {
+			return replyMisuse
 		}
 		return replyOther
 	}
@@ -71,7 +75,8 @@ func isRedisReply(err error) bool {
 }
 
 // redisErr wraps an error from a Redis call in what it means for the caller: ErrUnavailable,
-// ErrClosed or ErrIncompatible (each wrapping the cause), or the cause itself. op names the
+// ErrClosed, ErrIncompatible, or ErrInvalid for a lock used as another kind (each wrapping the
+// cause), or the cause itself. op names the
 // call ("lock", "unlock", ...).
 func redisErr(op, name string, err error) error {
 	switch classify(err) {
@@ -84,6 +89,8 @@ func redisErr(op, name string, err error) error {
 			return fmt.Errorf("dlock: %s %q: %w: dlock needs Redis 7.0 or later: %w", op, name, ErrIncompatible, err)
 		}
 		return fmt.Errorf("dlock: %s %q: %w: %w", op, name, ErrIncompatible, err)
+	case replyMisuse:
+		return fmt.Errorf("dlock: %s %q: %w: %w", op, name, ErrInvalid, err)
 	}
 	return fmt.Errorf("dlock: %s %q: %w", op, name, err)
 }

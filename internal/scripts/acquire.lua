@@ -25,66 +25,116 @@
 -- ARGV[12] barging window in ms: a caller outside the queue may take a free lock ahead of a
 --          first waiter that has waited less than this (0: never), as a new goroutine may
 --          take a sync.Mutex ahead of a waiter that has not starved yet
+-- ARGV[13] mode: "" for a mutex; "r" (shared) or "w" (exclusive) for a read-write lock (see
+--          lib.lua). A reader joins a lock in read mode unless someone waits in its queue
+--          (a waiting writer stops new readers), and readers first in line are admitted
+--          together. A read-write lock's owner that holds it to read may not take it to write
+--          (DLOCKUPGRADE error: two upgraders would wait for each other forever); one that
+--          holds it to write re-enters it to read.
 --
 -- Returns {1, token, holdCount} when the caller holds the lock after the call (fresh,
 -- re-entered, a granted lock now confirmed, or a retry of a call that already succeeded);
 -- {0, pttl, foreign} when it does not (pttl: the lock's remaining TTL in ms, -1 without TTL;
 -- foreign 1 when the key holds something other than a lock hash). A lock hash of another
--- layout is refused with a DLOCKLAYOUT error and left as it is.
+-- layout is refused with a DLOCKLAYOUT error, a read-write lock taken as a mutex or the
+-- reverse with DLOCKKIND, and left as it is.
 -- TTLs of a held lock only grow here (PEXPIRE GT): other holds of the owner may rely on them.
 local owner, mark = ARGV[1], '#' .. ARGV[3]
+local mode = ARGV[13] or ''
+local rw = mode ~= ''
+local me = member(mode, owner)
+local msgs = {}
+
+local function done(res)
+  notify_all(ARGV[9], ARGV[7], msgs)
+  return res
+end
+
+-- admit lets the readers queued first join a lock this reader has just taken or joined.
+local function admit(token)
+  if mode == 'r' then
+    admit_readers(KEYS[1], KEYS[3], KEYS[4], KEYS[5], string.format('%d', token), ARGV[8], msgs)
+    redis.call('PEXPIRE', KEYS[3], ARGV[4])
+  end
+end
 
 local function fresh()
   local token = reserve_block(KEYS[2])
-  hold_lock(KEYS[1], owner, mark, token, ARGV[2])
-  return {1, token, 1}
+  hold_lock(KEYS[1], owner, mark, token, ARGV[2], mode)
+  admit(token)
+  return done({1, token, 1})
+end
+
+-- join adds the caller as a reader of the lock in read mode (phase token t).
+local function join(t)
+  add_reader(KEYS[1], owner, mark, ARGV[2])
+  admit(t)
+  return done({1, t, 1})
 end
 
 local function queue_up(foreign)
   if ARGV[5] == '1' then
     local now = now_ms()
-    if redis.call('HSET', KEYS[5], owner, now + tonumber(ARGV[6])) == 1 then
-      redis.call('ZADD', KEYS[4], 'NX', now, owner) -- a new waiter (a refresh only moves its deadline)
+    if redis.call('HSET', KEYS[5], me, now + tonumber(ARGV[6])) == 1 then
+      redis.call('ZADD', KEYS[4], 'NX', now, me) -- a new waiter (a refresh only moves its deadline)
     end
     -- The queue lives while anyone waits in it, and disappears on its own after.
     redis.call('PEXPIRE', KEYS[4], ARGV[11])
     redis.call('PEXPIRE', KEYS[5], ARGV[11])
   end
-  return {0, redis.call('PTTL', KEYS[1]), foreign}
+  return done({0, redis.call('PTTL', KEYS[1]), foreign})
+end
+
+-- ahead reports whether the caller may go ahead of the queue's first live waiter head (which
+-- has waited waited ms): it is head itself (and leaves the queue), or head has waited less
+-- than the barging window and the caller is not queued.
+local function ahead(head, waited)
+  if head == me then
+    leave_queue(KEYS[4], KEYS[5], me)
+    return true
+  end
+  return waited < tonumber(ARGV[12]) and redis.call('HEXISTS', KEYS[5], me) == 0
 end
 
 -- take_free takes the free lock, or grants it to the first waiter when the caller may not go
--- ahead of it, and then queues the caller.
+-- ahead of it, and then queues the caller (or, a reader granted along with readers first in
+-- line while no writer waits, joins them).
 local function take_free()
   local head, waited = first_waiter(KEYS[4], KEYS[5])
-  if head == nil then
+  if head == nil or ahead(head, waited) then
     return fresh()
-  end
-  if head == owner then
-    leave_queue(KEYS[4], KEYS[5], owner)
-    return fresh()
-  end
-  if waited < tonumber(ARGV[12]) and redis.call('HEXISTS', KEYS[5], owner) == 0 then
-    return fresh() -- barging: the first waiter has not waited long and was woken to compete
   end
   -- It goes to the waiter ahead of us.
   leave_queue(KEYS[4], KEYS[5], head)
-  grant(KEYS[1], KEYS[2], KEYS[3], head, ARGV[8], ARGV[4])
-  local res = queue_up(0)
-  notify(ARGV[9], ARGV[7], 'g ' .. head)
-  return res
+  local token = grant(rw, KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], head, ARGV[8], ARGV[4], msgs)
+  if mode == 'r' and head:sub(1, 2) == 'r:' and first_waiter(KEYS[4], KEYS[5]) == nil then
+    return join(token)
+  end
+  return queue_up(0)
 end
 
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return take_free()
 end
 
-local f, ok = lock_fields(KEYS[1], owner, mark, '#t', '#v')
+local fields = {owner, mark, '#t', '#v', '#k', '#m'}
+local f, ok = lock_fields(KEYS[1], unpack(fields))
 if not ok then
   return queue_up(1)
 end
 if f[4] ~= LAYOUT then
   return layout_error(KEYS[1])
+end
+if (f[5] == 'rw') ~= rw then
+  return kind_error(KEYS[1], rw)
+end
+if f[6] == 'r' then
+  -- Readers whose deadline passed are gone; with none left the lock is free.
+  if prune_readers(KEYS[1]) == 0 then
+    redis.call('DEL', KEYS[1])
+    return take_free()
+  end
+  f = redis.call('HMGET', KEYS[1], unpack(fields))
 end
 if f[1] then
   local token, count = tonumber(f[3]), tonumber(f[1])
@@ -98,6 +148,11 @@ if f[1] then
   if granted then
     redis.call('HDEL', KEYS[3], 'g:' .. owner)
     if granted == f[3] then
+      if f[6] == 'r' then
+        redis.call('HSET', KEYS[1], '#e:' .. owner, 0) -- the grace deadline gives way to ours
+        add_reader(KEYS[1], owner, mark, ARGV[2])
+        return {1, token, 1}
+      end
       redis.call('HSET', KEYS[1], mark, 1)
       -- Our own TTL, not GT: the grace TTL was a placeholder, and with a TTL shorter than
       -- the grace the lock would outlive our lease and stall the next waiter.
@@ -106,14 +161,34 @@ if f[1] then
     end
   end
   if ARGV[10] ~= '1' then
-    -- Our own stale hold (its lease already ended where we run): the lock is free, and the
-    -- processes queued for it come first.
-    redis.call('DEL', KEYS[1])
-    return take_free()
+    -- Our own stale hold (its lease already ended where we run): the lock is free of it,
+    -- and the processes queued for it come first.
+    if f[6] ~= 'r' or drop_reader(KEYS[1], owner) == 0 then
+      redis.call('DEL', KEYS[1])
+      return take_free()
+    end
+    f[1] = nil -- the other readers still hold it: as a caller that holds nothing
+  elseif f[6] == 'r' and mode == 'w' then
+    return redis.error_reply('DLOCKUPGRADE lock ' .. KEYS[1] .. ': its owner holds it to read and may not take it to write')
+  else
+    count = redis.call('HINCRBY', KEYS[1], owner, 1)
+    if f[6] == 'r' then
+      add_reader(KEYS[1], owner, mark, ARGV[2])
+    else
+      redis.call('HSET', KEYS[1], mark, 1)
+      redis.call('PEXPIRE', KEYS[1], ARGV[2], 'GT')
+    end
+    return {1, token, count}
   end
-  count = redis.call('HINCRBY', KEYS[1], owner, 1)
-  redis.call('HSET', KEYS[1], mark, 1)
-  redis.call('PEXPIRE', KEYS[1], ARGV[2], 'GT')
-  return {1, token, count}
+end
+if f[6] == 'r' and mode == 'r' then
+  -- No barging into a read phase: a reader overtaking a waiting writer could starve it.
+  local head = first_waiter(KEYS[4], KEYS[5])
+  if head == me then
+    leave_queue(KEYS[4], KEYS[5], me)
+  end
+  if head == nil or head == me then
+    return join(tonumber(f[3]))
+  end
 end
 return queue_up(0)

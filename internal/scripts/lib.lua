@@ -80,27 +80,150 @@ local function reserve_block(k_fence)
   return first
 end
 
+-- Read-write locks. Their lock hash also carries "#k" = "rw" and "#m", the mode: "w" (one
+-- owner, as a mutex) or "r" (readers). In read mode every reader owner has "#e:"..owner, its
+-- deadline in server ms, and its hold marks ("#"..holdId) name it, so a reader whose process
+-- died is pruned by the next script that meets the lock while the key's TTL (the latest
+-- reader's deadline) keeps the others. "#t" is the token of the phase: a writer's own, or the
+-- one reserved when the read phase began, shared by its readers. Queue members of a read-write
+-- lock are "r:"..owner and "w:"..owner; a mutex's are owners. mode is '' for a mutex.
+
+-- member returns owner's queue member in mode.
+local function member(mode, owner)
+  if mode == '' then return owner end
+  return mode .. ':' .. owner
+end
+
+-- split_member returns a queue member's mode and owner; rw tells which kind of lock it queues for.
+local function split_member(rw, m)
+  if not rw then return '', m end
+  return m:sub(1, 1), m:sub(3)
+end
+
+-- kind_error is the reply to a mutex script on a read-write lock or the reverse.
+local function kind_error(k_lock, rw)
+  if rw then
+    return redis.error_reply('DLOCKKIND lock ' .. k_lock .. ' is a mutex, not a read-write lock')
+  end
+  return redis.error_reply('DLOCKKIND lock ' .. k_lock .. ' is a read-write lock, not a mutex')
+end
+
+-- is_mark reports a hold mark field ("#"..holdId; the reserved fields are "#" and one letter,
+-- or "#e:"..owner).
+local function is_mark(f)
+  return f:sub(1, 1) == '#' and #f > 2 and f:sub(2, 3) ~= 'e:'
+end
+
 -- hold_lock writes a fresh hold of owner (count 1) with its token and sets the TTL. mark is
 -- the hold's "#"..holdId field, or nil for a lock granted to a waiter, which adds its own
--- mark when it confirms.
-local function hold_lock(k_lock, owner, mark, token, ttl)
-  if mark then
-    redis.call('HSET', k_lock, owner, 1, mark, 1, '#t', string.format('%d', token), '#v', LAYOUT)
-  else
-    redis.call('HSET', k_lock, owner, 1, '#t', string.format('%d', token), '#v', LAYOUT)
+-- mark when it confirms. mode is '' for a mutex, 'r' or 'w' for a read-write lock.
+local function hold_lock(k_lock, owner, mark, token, ttl, mode)
+  local args = {k_lock, owner, 1, '#t', string.format('%d', token), '#v', LAYOUT}
+  local function add(f, v)
+    args[#args + 1] = f
+    args[#args + 1] = v
   end
+  if mode ~= '' then
+    add('#k', 'rw')
+    add('#m', mode)
+  end
+  if mark then
+    add(mark, mode == 'r' and owner or 1)
+  end
+  if mode == 'r' then
+    add('#e:' .. owner, now_ms() + tonumber(ttl))
+  end
+  redis.call('HSET', unpack(args))
   redis.call('PEXPIRE', k_lock, ttl)
 end
 
--- grant gives the free lock to waiter head with the short TTL grace until it confirms by
--- running acquire. The op log records the grant (g:<head> = token) before the lock is
--- written, so the grantee can tell its grant from a stale one. The caller publishes
--- "g <head>" last (notify). It returns the token.
-local function grant(k_lock, k_fence, k_log, head, grace, log_ttl)
+-- add_reader adds owner as a reader of a lock in read mode, or renews its deadline: the later
+-- of the one it has and now + ttl. The key's TTL only grows.
+local function add_reader(k_lock, owner, mark, ttl)
+  local e = '#e:' .. owner
+  local d = now_ms() + tonumber(ttl)
+  local had = tonumber(redis.call('HGET', k_lock, e) or '0')
+  if redis.call('HEXISTS', k_lock, owner) == 0 then
+    redis.call('HSET', k_lock, owner, 1)
+  end
+  if mark then
+    redis.call('HSET', k_lock, mark, owner)
+  end
+  redis.call('HSET', k_lock, e, math.max(had, d))
+  redis.call('PEXPIRE', k_lock, ttl, 'GT')
+end
+
+-- prune_readers drops the readers whose deadline has passed (their process died or paused
+-- past its lease), with their marks, and returns how many readers remain and the latest
+-- deadline among them. It costs one read of the lock hash.
+local function prune_readers(k_lock)
+  local now = now_ms()
+  local all = redis.call('HGETALL', k_lock)
+  local dead, live, latest = {}, 0, 0
+  for i = 1, #all, 2 do
+    local f = all[i]
+    if f:sub(1, 3) == '#e:' then
+      local d = tonumber(all[i + 1])
+      if d < now then
+        dead[f:sub(4)] = true
+      else
+        live, latest = live + 1, math.max(latest, d)
+      end
+    end
+  end
+  if next(dead) then
+    local del = {}
+    for i = 1, #all, 2 do
+      local f, v = all[i], all[i + 1]
+      if dead[f] or (f:sub(1, 3) == '#e:' and dead[f:sub(4)]) or (is_mark(f) and dead[v]) then
+        del[#del + 1] = f
+      end
+    end
+    redis.call('HDEL', k_lock, unpack(del))
+  end
+  return live, latest
+end
+
+-- drop_reader takes owner's reader entry and marks out of a lock in read mode and returns
+-- how many readers remain and the latest deadline among them.
+local function drop_reader(k_lock, owner)
+  redis.call('HSET', k_lock, '#e:' .. owner, 0)
+  return prune_readers(k_lock)
+end
+
+-- admit_readers grants a lock in read mode to the readers first in its queue, up to the first
+-- writer: no reader waits behind readers. Each gets the grace TTL to confirm and a grant record
+-- with the phase's token t; messages go to msgs.
+local function admit_readers(k_lock, k_log, k_queue, k_live, t, grace, msgs)
+  for _ = 1, 1000 do -- bounded: a longer line of readers is admitted by later scripts
+    local head = first_waiter(k_queue, k_live)
+    if not head or head:sub(1, 2) ~= 'r:' then
+      return
+    end
+    local owner = head:sub(3)
+    leave_queue(k_queue, k_live, head)
+    redis.call('HSET', k_log, 'g:' .. owner, t)
+    add_reader(k_lock, owner, nil, grace)
+    msgs[#msgs + 1] = 'g ' .. owner
+  end
+end
+
+-- grant hands the free lock to the queue member head with the short TTL grace until it
+-- confirms by running acquire; a reader at the head brings every reader queued right behind
+-- it (they share the phase's token). The op log records each grant (g:<owner> = token) before
+-- the lock is written, so a grantee can tell its grant from a stale one. It returns the
+-- messages ("g <owner>") the caller publishes last (notify_all), appended to msgs.
+local function grant(rw, k_lock, k_fence, k_log, k_queue, k_live, head, grace, log_ttl, msgs)
+  local mode, owner = split_member(rw, head)
   local token = reserve_block(k_fence)
-  redis.call('HSET', k_log, 'g:' .. head, string.format('%d', token))
+  local t = string.format('%d', token)
+  redis.call('HSET', k_log, 'g:' .. owner, t)
   redis.call('PEXPIRE', k_log, log_ttl)
-  hold_lock(k_lock, head, nil, token, grace)
+  hold_lock(k_lock, owner, nil, token, grace, mode)
+  msgs[#msgs + 1] = 'g ' .. owner
+  if mode == 'r' then
+    admit_readers(k_lock, k_log, k_queue, k_live, t, grace, msgs)
+  end
   return token
 end
 
@@ -108,6 +231,13 @@ end
 -- wake-up, never a write.
 local function notify(publish, channel, msg)
   redis.pcall(publish, channel, msg)
+end
+
+-- notify_all publishes every message of msgs, last in a script.
+local function notify_all(publish, channel, msgs)
+  for _, m in ipairs(msgs) do
+    redis.pcall(publish, channel, m)
+  end
 end
 
 -- lock_fields reads fields of the lock hash; a key of another type (overwritten by hand) gives

@@ -18,6 +18,8 @@
 --         not yet confirmed
 -- ARGV[9] barging window in ms: a first waiter that has waited less is not granted the lock
 --         but woken ("w <owner>") to compete for it with callers outside the queue
+-- ARGV[10] mode: "" for a mutex, "r" or "w" for a read-write lock (see lib.lua); a reader's
+--         release frees the lock only when it was the last reader
 --
 -- Returns 3 when the lock was handed to a waiter ("g <owner>" published), 2 when it was
 -- freed ("w <owner>" published when a waiter is first in line), 1 when one of several holds
@@ -25,6 +27,8 @@
 -- when the hold does not exist (expired, deleted, taken, or the key is not a lock hash) and
 -- this call's earlier attempt did not release it. Only the hold named by ARGV[2] is touched.
 local owner, mark = ARGV[1], '#' .. ARGV[2]
+local mode = ARGV[10] or ''
+local rw = mode ~= ''
 
 -- The op log keeps the hold ids of the owner's RECENT last releases (newest first), so a
 -- retried release is recognised even after the same owner (a Client's cohort, a WithOwner
@@ -57,33 +61,48 @@ local function hand_on()
   redis.call('DEL', KEYS[1])
   if head and waited >= tonumber(ARGV[9]) then
     leave_queue(KEYS[4], KEYS[5], head)
-    grant(KEYS[1], KEYS[3], KEYS[2], head, ARGV[6], ARGV[3])
-    notify(ARGV[7], ARGV[4], 'g ' .. head)
+    local msgs = {}
+    grant(rw, KEYS[1], KEYS[3], KEYS[2], KEYS[4], KEYS[5], head, ARGV[6], ARGV[3], msgs)
+    notify_all(ARGV[7], ARGV[4], msgs)
     return 3
   end
   -- Every waiter is in the queue (its attempts join it), so with nobody there, nobody is told.
   if head then
-    notify(ARGV[7], ARGV[4], 'w ' .. head)
+    local _, who = split_member(rw, head)
+    notify(ARGV[7], ARGV[4], 'w ' .. who)
   end
   return 2
 end
 
+-- let_go drops the owner's last hold: a reader leaves the read phase, which frees the lock
+-- only when no other reader remains; otherwise the key's TTL follows the latest reader.
+local function let_go(reading)
+  if reading then
+    local live, latest = drop_reader(KEYS[1], owner)
+    if live > 0 then
+      redis.call('PEXPIRE', KEYS[1], math.max(latest - now_ms(), 1))
+      return 1
+    end
+  end
+  return hand_on()
+end
+
 if ARGV[8] == '1' then
-  leave_queue(KEYS[4], KEYS[5], owner)
+  leave_queue(KEYS[4], KEYS[5], member(mode, owner))
   -- A lock granted to us and not yet confirmed is ours to pass on: the grant record names
   -- the lock's current token only while that grant stands (confirming it deletes the record).
   local granted = redis.call('HGET', KEYS[2], 'g:' .. owner)
   if granted then
     redis.call('HDEL', KEYS[2], 'g:' .. owner)
-    local f = lock_fields(KEYS[1], owner, '#t')
+    local f = lock_fields(KEYS[1], owner, '#t', '#m')
     if f and f[1] and f[2] == granted then
-      return hand_on()
+      return let_go(f[3] == 'r')
     end
   end
   return 0
 end
 
-local f = lock_fields(KEYS[1], mark, owner, '#v')
+local f = lock_fields(KEYS[1], mark, owner, '#v', '#k', '#m')
 if not f or not f[1] then
   if ARGV[5] == '1' then
     return 0
@@ -98,10 +117,13 @@ end
 if f[3] ~= LAYOUT then
   return layout_error(KEYS[1])
 end
+if (f[4] == 'rw') ~= rw then
+  return kind_error(KEYS[1], rw)
+end
 log_release()
 if f[2] ~= '1' then
   redis.call('HDEL', KEYS[1], mark)
   redis.call('HINCRBY', KEYS[1], owner, -1)
   return 1
 end
-return hand_on()
+return let_go(f[5] == 'r')
