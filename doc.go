@@ -27,6 +27,14 @@
 // lock took more than 15,625 fresh Redis holds a second before it (each advances the counter
 // by 64, cohort hand-offs by nothing), which puts the counter ahead of the clock.
 //
+// An RWMutex (Client.RWMutex) is a read-write lock with the same leases: RLock and TryRLock
+// share it among readers, Lock and TryLock take it alone. Readers and writers wait in one FIFO
+// in Redis: readers first in line are admitted together, and a waiting writer stops new
+// readers, so neither side starves. A write lease's token is above every earlier lease's; the
+// readers of one read phase share a token above every earlier writer's. RLock given a write
+// lease's context re-enters it; Lock given a read lease's context fails with ErrInvalid (no
+// upgrade). A name is either a Mutex or an RWMutex: the other kind gets ErrInvalid.
+//
 // Waiting is fair: goroutines of one Client queue locally and are handed the lock without a
 // Redis round trip in bounded batches (cohorting); processes wait in a FIFO kept in Redis,
 // where a release hands the lock to the next live waiter and wakes only it.

@@ -104,3 +104,37 @@ func ExampleLease_Context() {
 	// transfer: <nil>
 	// plain TryLock: true
 }
+
+// Many readers share a read-write lock; a writer takes it alone, after the readers before it
+// and ahead of readers that come after it.
+func ExampleRWMutex() {
+	ctx := context.Background()
+	opt, err := redis.ParseURL(os.Getenv("REDIS_URL"))
+	if err != nil {
+		panic(err)
+	}
+	rdb := redis.NewClient(opt)
+	defer rdb.Close()
+	c := dlock.New(rdb)
+	defer c.Close(ctx)
+
+	prices := c.RWMutex("example:config:pricing")
+	r1, _ := prices.RLock(ctx) // serve from the price table...
+	r2, _ := prices.RLock(ctx) // ...with another reader at the same time
+	_, err = prices.TryLock(ctx)
+	fmt.Println("writer while read:", errors.Is(err, dlock.ErrNotObtained))
+	_ = r1.Unlock(ctx)
+	_ = r2.Unlock(ctx)
+
+	w, err := prices.Lock(ctx) // reload the table, alone
+	if err != nil {
+		fmt.Println("not locked:", err)
+		return
+	}
+	fmt.Println("writer token above the readers':", w.Token() > r1.Token())
+	fmt.Println("unlock:", w.Unlock(ctx))
+	// Output:
+	// writer while read: true
+	// writer token above the readers': true
+	// unlock: <nil>
+}

@@ -1,0 +1,107 @@
+package dlock
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+)
+
+// An RWMutex is a handle on one named read-write lock: many readers share it, or one writer
+// holds it alone. Like a sync.RWMutex it excludes goroutines: each RLock or Lock call is an
+// owner of its own, unless the handle is made WithOwner (then, as for Mutex, handles with that
+// owner id are one owner and re-enter each other's holds). It is cheap to create, holds no
+// Redis state and is safe for concurrent use.
+//
+// It is fair, in one FIFO queue in Redis for readers and writers: readers first in line are
+// admitted together, a reader arriving while anyone waits queues behind them (so a waiting
+// writer is never overtaken by new readers), and a writer waits for the readers admitted
+// before it. Waiters are woken by push when the lock is handed to them.
+//
+// Leases are the same *Lease as a Mutex's: renewed, loss-detected, re-entered through their
+// context. Re-entry: RLock or Lock given a write lease's context re-enters it (an RLock gets a
+// read lease on the write hold, a downgrade that keeps the lock exclusive until the write
+// lease and its re-entries have unlocked); Lock given a read lease's context fails at once with
+// ErrInvalid, because two readers upgrading would wait for each other forever.
+//
+// Fencing tokens: a write lease's token is above every earlier lease's token on the lock, so a
+// resource can refuse a stale writer. Readers admitted in one read phase (between two writers)
+// share that phase's token, which is above every earlier writer's token: it says which writes
+// a reader may have seen.
+//
+// The lock's name may not be used as a Mutex too: a call of one kind on a lock held as the
+// other returns ErrInvalid. RWMutex handles do not cohort: every lease is a Redis hold.
+type RWMutex struct {
+	c    *Client
+	name string
+	keys keys
+	cfg  config
+	err  error // invalid name or option, reported by every lock call
+
+	id     string    // see Owner
+	idOnce sync.Once // a random id is made on first use
+	seq    atomic.Uint64
+}
+
+// RWMutex returns a handle on the read-write lock called name. Options override the Client's
+// (WithoutCohort has no effect: RWMutex handles never cohort). An invalid name or option is
+// reported by the lock calls as ErrInvalid; RWMutex itself never fails.
+func (c *Client) RWMutex(name string, opts ...Option) *RWMutex {
+	rw := &RWMutex{c: c, name: name, cfg: c.cfg.apply(opts)}
+	rw.id = rw.cfg.owner
+	rw.err = join(c.err, validateName(name), rw.cfg.validate())
+	rw.keys = lockKeys(rw.cfg.keyPrefix(), name)
+	return rw
+}
+
+// Name returns the lock's name.
+func (rw *RWMutex) Name() string { return rw.name }
+
+// Owner returns the owner id of this handle: the WithOwner id, or a random 128-bit one made on
+// first use (each lease then has an owner id of its own in Redis, see Lease.Owner).
+func (rw *RWMutex) Owner() string {
+	rw.idOnce.Do(func() {
+		if rw.id == "" {
+			rw.id = newOwnerID()
+		}
+	})
+	return rw.id
+}
+
+// RLock takes the lock to read, waiting as long as ctx allows, behind every caller already
+// waiting (readers first in line are admitted together). Errors are those of Mutex.Lock, and
+// ErrInvalid when the lock is held as a Mutex.
+func (rw *RWMutex) RLock(ctx context.Context) (*Lease, error) {
+	return rw.lock(ctx, accessRead, true)
+}
+
+// TryRLock makes one attempt to take the lock to read: it succeeds while readers hold it and
+// nobody waits, or when it is free. Errors are those of Mutex.TryLock, and ErrInvalid when the
+// lock is held as a Mutex.
+func (rw *RWMutex) TryRLock(ctx context.Context) (*Lease, error) {
+	return rw.lock(ctx, accessRead, false)
+}
+
+// Lock takes the lock to write, alone, waiting as long as ctx allows for the readers and
+// writers before it. Errors are those of Mutex.Lock, and ErrInvalid when the lock is held as a
+// Mutex, or when ctx is a read lease's context (no upgrade).
+func (rw *RWMutex) Lock(ctx context.Context) (*Lease, error) {
+	return rw.lock(ctx, accessWrite, true)
+}
+
+// TryLock makes one attempt to take the lock to write. Errors are those of Mutex.TryLock, and
+// ErrInvalid as for Lock.
+func (rw *RWMutex) TryLock(ctx context.Context) (*Lease, error) {
+	return rw.lock(ctx, accessWrite, false)
+}
+
+func (rw *RWMutex) lock(ctx context.Context, a access, wait bool) (*Lease, error) {
+	if rw.err != nil {
+		return nil, rw.err
+	}
+	ref := lockRef{rw.c, rw.name, rw.keys.lock}
+	return rw.c.lockWith(ctx, ref, a, func() (*Lease, error) {
+		s := holdSpec{name: rw.name, keys: rw.keys, cfg: rw.cfg, owner: callOwner(rw.cfg, rw.Owner, &rw.seq),
+			reentrant: rw.cfg.ownerSet, access: a}
+		return rw.c.plainLease(ctx, ref, s, wait)
+	})
+}
