@@ -280,3 +280,30 @@ func TestCommandDiesWithDlock(t *testing.T) {
 		}
 	}
 }
+
+// `run --read` runs share the lock, a `run --write` waits for them, and status and list show
+// the readers; plain `run` on the name is refused with a clear error (issue 10).
+func TestRunReadAndWrite(t *testing.T) {
+	name := uniqueName(t)
+	_, _, _ = startRun(t, name, "--read")
+	_, _, _ = startRun(t, name, "--read") // would never start if readers excluded each other
+	code, out, errs := runDlock(t, "status", name)
+	if code != 0 || !strings.Contains(out, "read-write lock") || !strings.Contains(out, "read by 2 owners") {
+		t.Fatalf("status with two readers: exit %d\n%s%s", code, out, errs)
+	}
+	code, out, _ = runDlock(t, "list", name)
+	if lines := strings.Split(strings.TrimSpace(out), "\n"); code != 0 || len(lines) != 2 ||
+		strings.Join(strings.Fields(lines[1])[:4], " ") != name+" read 2 readers" {
+		t.Fatalf("list: exit %d\n%s", code, out)
+	}
+	if code, _, errs := runDlock(t, "run", "--write", "--no-wait", name, "--", "true"); code != exitConflict {
+		t.Fatalf("run --write while read: exit %d, want %d: %s", code, exitConflict, errs)
+	}
+	code, _, errs = runDlock(t, "run", "--no-wait", name, "--", "true")
+	if code == 0 || !strings.Contains(errs, "read-write lock, not a mutex") {
+		t.Fatalf("plain run on a read-write lock: exit %d, stderr %q", code, errs)
+	}
+	if code, _, errs := runDlock(t, "run", "--read", "--write", name, "--", "true"); code == 0 || !strings.Contains(errs, "exclude each other") {
+		t.Fatalf("--read --write: exit %d, stderr %q", code, errs)
+	}
+}

@@ -52,7 +52,12 @@ func statusCommand(args []string, stdout, stderr io.Writer) error {
 	switch {
 	case info.Foreign:
 		fmt.Fprintf(tw, "state:\theld by a key dlock did not write (another type, or another dlock version)\nttl:\t%s\n", fmtTTL(info.TTL))
+	case info.Held && info.Readers > 0:
+		fmt.Fprintf(tw, "kind:\tread-write lock\nstate:\tread by %d owners\nttl:\t%s\ntoken:\t%d\n", info.Readers, fmtTTL(info.TTL), info.Token)
 	case info.Held:
+		if info.Kind == "rwmutex" {
+			fmt.Fprintf(tw, "kind:\tread-write lock\n")
+		}
 		fmt.Fprintf(tw, "state:\theld\nowner:\t%s\nhold count:\t%d\nttl:\t%s\ntoken:\t%d\n", info.Owner, info.HoldCount, fmtTTL(info.TTL), info.Token)
 	default:
 		fmt.Fprintf(tw, "state:\tfree (no state in Redis)\n")
@@ -96,6 +101,10 @@ func listCommand(args []string, stdout, stderr io.Writer) error {
 		switch {
 		case l.Foreign:
 			state, ttl = "foreign", fmtTTL(l.TTL)
+		case l.Held && l.Readers > 0:
+			state, owner, ttl = "read", fmt.Sprintf("%d readers", l.Readers), fmtTTL(l.TTL)
+		case l.Held && l.Kind == "rwmutex":
+			state, owner, ttl = "written", l.Owner, fmtTTL(l.TTL)
 		case l.Held:
 			state, owner, ttl = "held", l.Owner, fmtTTL(l.TTL)
 		}

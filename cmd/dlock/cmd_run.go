@@ -28,8 +28,13 @@ func runCommand(args []string, stdout, stderr io.Writer) int {
 	conflict := fs.Int("conflict-exit-code", exitConflict, "exit code when the lock is not obtained")
 	owner := fs.String("owner", "", "owner id (default: random); processes with the same id re-enter the lock")
 	grace := fs.Duration("grace", 10*time.Second, "time between SIGTERM and SIGKILL when the lease is lost")
+	read := fs.Bool("read", false, "take NAME as a read-write lock, to read: shared with other --read runs")
+	write := fs.Bool("write", false, "take NAME as a read-write lock, to write: alone, excluding --read runs")
 	if err := parse(fs, args); err != nil {
 		return report(err, stderr)
+	}
+	if *read && *write {
+		return report(usageError{"--read and --write exclude each other", "dlock run --read config:pricing -- ./serve"}, stderr)
 	}
 	rest := fs.Args()
 	if len(rest) < 2 {
@@ -57,7 +62,14 @@ func runCommand(args []string, stdout, stderr io.Writer) int {
 	}
 	dl := dlock.New(conn.rdb, opts...)
 	defer dl.Close(context.Background())
-	m := dl.Mutex(name)
+	var m locker = dl.Mutex(name)
+	switch {
+	case *read:
+		rw := dl.RWMutex(name)
+		m = funcLocker{rw.RLock, rw.TryRLock}
+	case *write:
+		m = dl.RWMutex(name)
+	}
 
 	// Signals while waiting give up the wait; while the command runs they are forwarded.
 	sigs := make(chan os.Signal, 4)
@@ -139,6 +151,19 @@ func runCommand(args []string, stdout, stderr io.Writer) int {
 	return code
 }
 
+// A locker is what run takes: a Mutex, or an RWMutex to write or (funcLocker) to read.
+type locker interface {
+	Lock(context.Context) (*dlock.Lease, error)
+	TryLock(context.Context) (*dlock.Lease, error)
+}
+
+type funcLocker struct {
+	lock, tryLock func(context.Context) (*dlock.Lease, error)
+}
+
+func (f funcLocker) Lock(ctx context.Context) (*dlock.Lease, error)    { return f.lock(ctx) }
+func (f funcLocker) TryLock(ctx context.Context) (*dlock.Lease, error) { return f.tryLock(ctx) }
+
 // forwarded are the signals dlock passes on to the command (and that end a wait for the lock).
 var forwarded = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT,
 	syscall.SIGUSR1, syscall.SIGUSR2}
@@ -146,7 +171,7 @@ var forwarded = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, sys
 // acquire takes the lock once (noWait) or waits for it, for at most wait when wait > 0. A
 // signal ends the wait and is returned; a lease already taken is returned with it, for the
 // caller to release.
-func acquire(m *dlock.Mutex, noWait bool, wait time.Duration, sigs <-chan os.Signal) (*dlock.Lease, os.Signal, error) {
+func acquire(m locker, noWait bool, wait time.Duration, sigs <-chan os.Signal) (*dlock.Lease, os.Signal, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	if noWait {
