@@ -46,6 +46,7 @@ type Lease struct {
 // unlocks, and all of them end when the hold behind them is lost.
 type holding struct {
 	h     *hold
+	more  []*hold // a MultiLock's other member holds (h is the first): the holding is all of them
 	co    *cohort // non-nil when h is the Client's cohort hold, passed on locally
 	token uint64
 
@@ -54,15 +55,49 @@ type holding struct {
 	ended  bool
 }
 
-// newHolding returns a holding of h with token. For a plain hold (co nil) it ends with h.
-func newHolding(h *hold, co *cohort, token uint64) *holding {
-	hd := &holding{h: h, co: co, token: token}
+// newHolding returns a holding of h (and, for a MultiLock, more) with token. For plain holds
+// (co nil) it ends with the first of them to end.
+func newHolding(h *hold, co *cohort, token uint64, more ...*hold) *holding {
+	hd := &holding{h: h, more: more, co: co, token: token}
 	if co == nil {
-		if ended, err := h.setOnEnd(hd.end); ended {
-			hd.end(err)
+		for _, x := range hd.holds() {
+			if ended, err := x.setOnEnd(hd.end); ended {
+				hd.end(err)
+			}
 		}
 	}
 	return hd
+}
+
+// holds returns every hold of the holding.
+func (hd *holding) holds() []*hold { return append([]*hold{hd.h}, hd.more...) }
+
+// lossErr is why the holding's first lost hold was lost (nil while all hold).
+func (hd *holding) lossErr() error {
+	for _, x := range hd.holds() {
+		if err := x.lossErr(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (hd *holding) valid() bool {
+	for _, x := range hd.holds() {
+		if !x.valid() {
+			return false
+		}
+	}
+	return true
+}
+
+// remaining is the least time any hold of the holding is certainly held.
+func (hd *holding) remaining() time.Duration {
+	d := hd.h.remaining()
+	for _, x := range hd.more {
+		d = min(d, x.remaining())
+	}
+	return d
 }
 
 // first returns the holding's first lease, taken through ref with ctx. A holding ended in between
@@ -76,7 +111,7 @@ func (hd *holding) first(ctx context.Context, ref lockRef) *Lease {
 	}
 	hd.mu.Unlock()
 	if ended {
-		l.finish(hd.h.lossErr(), false)
+		l.finish(hd.lossErr(), false)
 	}
 	return l
 }
@@ -85,12 +120,15 @@ func (hd *holding) first(ctx context.Context, ref lockRef) *Lease {
 // taken with access a: a read lease inside a write lease, never a write lease inside a read
 // lease (ErrInvalid), and a mutex never inside a read-write lock or the reverse.
 func (hd *holding) reenter(ctx context.Context, ref lockRef, a access) (*Lease, error) {
+	if len(hd.more) > 0 {
+		return nil, fmt.Errorf("%w: lock %q: the context holds it through a MultiLock, which is not re-entered", ErrInvalid, ref.name)
+	}
 	if why := hd.h.access.reentry(a); why != "" {
 		return nil, fmt.Errorf("%w: lock %q: %s", ErrInvalid, ref.name, why)
 	}
 	hd.mu.Lock()
 	defer hd.mu.Unlock()
-	if hd.ended || len(hd.leases) == 0 || !hd.h.valid() {
+	if hd.ended || len(hd.leases) == 0 || !hd.valid() {
 		return nil, notObtained(ref.name, fmt.Errorf("the lease of the context has ended"))
 	}
 	l := &Lease{ref: ref, hd: hd, token: hd.token, done: make(chan struct{}), lockCx: ctx}
@@ -107,6 +145,7 @@ func (hd *holding) end(err error) {
 	for _, l := range leases {
 		l.finish(err, false)
 	}
+	hd.lostMember()
 }
 
 // drop takes l out of the holding and reports whether it was the last lease, which lets the
@@ -130,7 +169,8 @@ func (hd *holding) drop(l *Lease) (held, last bool) {
 // acquisition, whoever the owner and whichever process; re-entrant leases share their outer
 // lease's token. Tokens are large numbers (at least the Redis server's clock in microseconds,
 // so they survive a restart that lost the counter) and not consecutive. Pass it to the
-// protected resource so it can refuse writes from an older holder. A nil Lease has token 0.
+// protected resource so it can refuse writes from an older holder. A nil Lease has token 0,
+// and so does a MultiLock lease (see Tokens).
 func (l *Lease) Token() uint64 {
 	if l == nil {
 		return 0
@@ -138,7 +178,25 @@ func (l *Lease) Token() uint64 {
 	return l.token
 }
 
-// Name returns the name of the lock this lease holds ("" for a nil Lease).
+// Tokens returns the fencing token of every lock the lease holds, by name: one for a Mutex or
+// RWMutex lease, one per member for a MultiLock lease (whose Token is 0: its members' tokens
+// are unrelated counters). A nil Lease has none.
+func (l *Lease) Tokens() map[string]uint64 {
+	if l == nil {
+		return nil
+	}
+	if len(l.hd.more) == 0 {
+		return map[string]uint64{l.ref.name: l.token}
+	}
+	m := make(map[string]uint64, 1+len(l.hd.more))
+	for _, h := range l.hd.holds() {
+		m[h.name] = h.token
+	}
+	return m
+}
+
+// Name returns the name of the lock this lease holds, the members' names joined by commas for
+// a MultiLock lease ("" for a nil Lease).
 func (l *Lease) Name() string {
 	if l == nil {
 		return ""
@@ -238,7 +296,7 @@ func (l *Lease) Remaining() time.Duration {
 		return 0
 	default:
 	}
-	return l.hd.h.remaining()
+	return l.hd.remaining()
 }
 
 // TTL returns the lease's current TTL: the one it was acquired with or last extended to (0
@@ -273,11 +331,13 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if err := l.heldErr(); err != nil {
 		return err
 	}
-	if err := l.hd.h.extend(ctx, ttl.Truncate(time.Millisecond)); err != nil {
-		if herr := l.heldErr(); herr != nil {
-			return herr
+	for _, h := range l.hd.holds() {
+		if err := h.extend(ctx, ttl.Truncate(time.Millisecond)); err != nil {
+			if herr := l.heldErr(); herr != nil {
+				return herr
+			}
+			return err
 		}
-		return err
 	}
 	return l.heldErr()
 }
@@ -317,13 +377,15 @@ func (l *Lease) Unlock(ctx context.Context) error {
 	held, last := l.hd.drop(l)
 	switch {
 	case !held: // the holding ended (lost, closed) while we got here
-		l.finish(l.hd.h.lossErr(), true)
+		l.finish(l.hd.lossErr(), true)
 		return l.heldErr()
 	case !last: // other leases of the holding still hold the lock
 		l.finish(nil, true)
 		return nil
 	case l.hd.co != nil:
 		return l.hd.co.unlock(ctx, l)
+	case len(l.hd.more) > 0:
+		return l.unlockAll(ctx)
 	case !l.hd.h.beginRelease():
 		// Lost while we got here: end the lease with the hold's loss even if the hold's own
 		// notice has not reached it yet.

@@ -1,0 +1,245 @@
+package dlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// multiPatience is how long a MultiLock waits the polite way (holding no member while another
+// is taken) before it takes the members in name order, waiting in each one's queue.
+const multiPatience = time.Second
+
+// A MultiLock is a handle on several named locks taken together, all or nothing: Redisson's
+// MultiLock. Its members are ordinary locks: a MultiLock over {a, b} excludes a Mutex on a, and
+// the names may live on different Cluster slots. It is cheap to create, holds no Redis state
+// and is safe for concurrent use; like a Mutex it excludes goroutines (each call is an owner of
+// its own, unless made WithOwner).
+//
+// Waiting never deadlocks and never sits on free members for long: Lock takes every member that
+// is free in one pass in name order, and when one is taken it gives back what it took and waits
+// in that member's FIFO queue (woken by push when the member is handed to it), then tries the
+// others again. So a Mutex on a free member waits for a waiting MultiLock at most one such
+// pass. After waiting multiPatience (1s) it stops giving way: it takes the members in name
+// order, waiting in each one's queue and keeping what it has, which every MultiLock does in the
+// same order, so two of them never wait for each other.
+//
+// The lease is the same *Lease as a Mutex's, over all members: it is lost as soon as any member
+// is lost (the others are then released), Extend and Unlock act on every member, Remaining is
+// the least of theirs, and Tokens gives each member's fencing token. A MultiLock lease is not
+// re-entered through its context.
+type MultiLock struct {
+	c     *Client
+	names []string // sorted
+	keys  []keys
+	cfg   config
+	err   error // bad names or options, reported by Lock and TryLock
+
+	id     string
+	idOnce sync.Once
+	seq    atomic.Uint64
+}
+
+// MultiLock returns a handle on the locks called names, taken together. Options override the
+// Client's (WithoutCohort has no effect: members are always Redis holds of the call). An empty
+// list, a duplicate or an invalid name is reported by Lock and TryLock as ErrInvalid;
+// MultiLock itself never fails.
+func (c *Client) MultiLock(names []string, opts ...Option) *MultiLock {
+	ml := &MultiLock{c: c, names: slices.Sorted(slices.Values(names)), cfg: c.cfg.apply(opts)}
+	ml.id = ml.cfg.owner
+	errs := []error{c.err, ml.cfg.validate()}
+	if len(names) == 0 {
+		errs = append(errs, fmt.Errorf("%w: MultiLock of no names", ErrInvalid))
+	}
+	for i, n := range ml.names {
+		errs = append(errs, validateName(n))
+		if i > 0 && n == ml.names[i-1] {
+			errs = append(errs, fmt.Errorf("%w: MultiLock names %q twice", ErrInvalid, n))
+		}
+		ml.keys = append(ml.keys, lockKeys(ml.cfg.keyPrefix(), n))
+	}
+	ml.err = join(errs...)
+	return ml
+}
+
+// Names returns the members' names, sorted.
+func (ml *MultiLock) Names() []string { return slices.Clone(ml.names) }
+
+// Owner returns the handle's owner id: the WithOwner id, or a random one made on first use
+// (each lease then has an owner id of its own, shared by its member holds).
+func (ml *MultiLock) Owner() string {
+	ml.idOnce.Do(func() {
+		if ml.id == "" {
+			ml.id = newOwnerID()
+		}
+	})
+	return ml.id
+}
+
+// TryLock makes one pass over the members in name order and returns a lease on all of them, or
+// gives back what it took and returns the first member's refusal (ErrNotObtained, naming the
+// member, when another owner holds it). Other errors are those of Mutex.TryLock.
+func (ml *MultiLock) TryLock(ctx context.Context) (*Lease, error) {
+	return ml.lock(ctx, false)
+}
+
+// Lock takes every member, waiting as long as ctx allows (see MultiLock for how it waits).
+// Errors are those of Mutex.Lock; a lease is returned only with every member held.
+func (ml *MultiLock) Lock(ctx context.Context) (*Lease, error) {
+	return ml.lock(ctx, true)
+}
+
+func (ml *MultiLock) lock(ctx context.Context, wait bool) (*Lease, error) {
+	if ml.err != nil {
+		return nil, ml.err
+	}
+	ref := lockRef{c: ml.c, name: strings.Join(ml.names, ",")} // no lock key: never re-entered
+	return ml.c.lockWith(ctx, ref, accessMutex, func() (*Lease, error) {
+		owner := callOwner(ml.cfg, ml.Owner, &ml.seq)
+		specs := make([]holdSpec, len(ml.names))
+		for i, n := range ml.names {
+			specs[i] = holdSpec{name: n, keys: ml.keys[i], cfg: ml.cfg, owner: owner, reentrant: ml.cfg.ownerSet}
+		}
+		hs, err := ml.c.takeAll(ctx, specs, wait)
+		if err != nil {
+			return nil, err
+		}
+		return newHolding(hs[0], nil, 0, hs[1:]...).first(ctx, ref), nil
+	})
+}
+
+// takeAll takes a hold on every spec (sorted by name) or none; see MultiLock for the waiting.
+func (c *Client) takeAll(ctx context.Context, specs []holdSpec, wait bool) ([]*hold, error) {
+	taken := make([]*hold, len(specs))
+	start := c.now()
+	for blocking := -1; ; {
+		if blocking >= 0 {
+			if c.since(start) >= multiPatience {
+				return c.takeInOrder(ctx, specs)
+			}
+			// Wait in the taken member's queue: a release hands it to us and wakes us.
+			h, err := c.waitHold(ctx, specs[blocking], true)
+			if err != nil {
+				return nil, err
+			}
+			taken[blocking] = h
+		}
+		blocking = -1
+		for i, s := range specs {
+			if taken[i] != nil {
+				continue
+			}
+			h, _, err := c.tryHold(ctx, s, false)
+			if err != nil {
+				c.giveBack(taken)
+				clear(taken)
+				if !wait || !errors.Is(err, ErrNotObtained) || ctx.Err() != nil {
+					return nil, err
+				}
+				blocking = i
+				break
+			}
+			taken[i] = h
+		}
+		if blocking < 0 {
+			return taken, nil
+		}
+	}
+}
+
+// takeInOrder takes the members one after the other in name order, waiting in each one's
+// queue and keeping those it has: the same order for every MultiLock, so none waits for
+// another in a cycle.
+func (c *Client) takeInOrder(ctx context.Context, specs []holdSpec) ([]*hold, error) {
+	taken := make([]*hold, 0, len(specs))
+	for _, s := range specs {
+		h, err := c.waitHold(ctx, s, true)
+		if err != nil {
+			c.giveBack(taken)
+			return nil, err
+		}
+		taken = append(taken, h)
+	}
+	return taken, nil
+}
+
+// giveBack releases holds nobody was handed a lease on (a MultiLock that did not get every
+// member, or lost one), retrying in the background when Redis gives no answer.
+func (c *Client) giveBack(holds []*hold) {
+	for _, h := range holds {
+		if h == nil || !h.beginRelease() {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(c.cleanup, abandonTimeout)
+		_, err := h.release(ctx)
+		cancel()
+		h.end(nil, false)
+		if err != nil {
+			h.releaseLater()
+		}
+	}
+}
+
+// unlockAll releases every member hold of a MultiLock lease: Unlock's work when the lease has
+// several holds. A failed release is retried in the background (a later Unlock reports the
+// lease as unlocked).
+func (l *Lease) unlockAll(ctx context.Context) error {
+	var errs []error
+	var lost error
+	for _, h := range l.hd.holds() {
+		if !h.beginRelease() {
+			lost = cmpOr(lost, h.lossErr())
+			continue
+		}
+		n, err := h.release(ctx)
+		switch {
+		case err != nil:
+			h.end(nil, false)
+			h.releaseLater()
+			errs = append(errs, redisErr("unlock", h.name, err))
+		case n == 0:
+			gone := leaseLost(h.name, errKeyGone)
+			h.end(gone, false)
+			lost = cmpOr(lost, gone)
+		default:
+			h.end(nil, false)
+		}
+	}
+	if lost != nil {
+		l.finish(lost, true)
+		return fmt.Errorf("%w: %w", ErrNotHeld, lost)
+	}
+	l.finish(nil, true)
+	if len(errs) > 0 {
+		return fmt.Errorf("%w (dlock retries the release in the background; the lock expires within its TTL otherwise)", join(errs...))
+	}
+	return nil
+}
+
+// lostMember ends a MultiLock holding whose member was lost: the other members, still held in
+// Redis, are released so nobody waits for them until their TTL.
+func (hd *holding) lostMember() {
+	if len(hd.more) == 0 {
+		return
+	}
+	c := hd.h.c
+	if !c.goBackground() {
+		return // Close releases them
+	}
+	go func() {
+		defer c.wg.Done()
+		c.giveBack(hd.holds())
+	}()
+}
+
+func cmpOr(a, b error) error {
+	if a != nil {
+		return a
+	}
+	return b
+}

@@ -1,0 +1,197 @@
+package dlock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/redistest"
+)
+
+// A MultiLock gets every member or none: a taken member makes TryLock give back the others.
+func TestMultiLockAllOrNothing(t *testing.T) {
+	c, _ := newClient(t)
+	ctx := ctxT(t)
+	a, b := redistest.Name(t)+"a", redistest.Name(t)+"b"
+	held := must(t)(c.Mutex(b).Lock(ctx))
+	if _, err := c.MultiLock([]string{a, b}).TryLock(ctx); !errors.Is(err, dlock.ErrNotObtained) {
+		t.Fatalf("TryLock with a member taken: %v, want ErrNotObtained", err)
+	}
+	if info, err := c.Inspect(ctx, a); err != nil || info.Held {
+		t.Fatalf("the free member was kept: %+v, %v", info, err)
+	}
+	_ = held.Unlock(ctx)
+	l := must(t)(c.MultiLock([]string{b, a}).TryLock(ctx))
+	tokens := l.Tokens()
+	if len(tokens) != 2 || tokens[a] == 0 || tokens[b] == 0 {
+		t.Fatalf("Tokens %v, want one per member", tokens)
+	}
+	if _, err := c.Mutex(a).TryLock(ctx); !errors.Is(err, dlock.ErrNotObtained) {
+		t.Fatalf("a Mutex on a member of a held MultiLock: %v, want ErrNotObtained", err)
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{a, b} {
+		if info, err := c.Inspect(ctx, n); err != nil || info.Held {
+			t.Fatalf("member %s after Unlock: %+v, %v", n, info, err)
+		}
+	}
+}
+
+// A waiting MultiLock does not sit on its free members, and gets them all once the taken one
+// is released (woken by push: it waits in that member's queue).
+func TestMultiLockWaitsWithoutHoldingFreeMembers(t *testing.T) {
+	c, _ := newClient(t)
+	ctx := ctxT(t)
+	a, b := redistest.Name(t)+"a", redistest.Name(t)+"b"
+	held := must(t)(c.Mutex(b).Lock(ctx))
+	got := make(chan rwResult, 1)
+	go func() {
+		l, err := c.MultiLock([]string{a, b}).Lock(ctx)
+		got <- rwResult{l, err}
+	}()
+	waitQueued(t, c, b, 1)
+	other := must(t)(c.Mutex(a, dlock.WithoutCohort()).TryLock(ctx)) // free while the MultiLock waits
+	_ = other.Unlock(ctx)
+	if err := held.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-got:
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		if len(r.l.Tokens()) != 2 {
+			t.Fatalf("Tokens %v", r.l.Tokens())
+		}
+		_ = r.l.Unlock(ctx)
+	case <-time.After(5 * time.Second):
+		t.Fatal("MultiLock not granted 5s after its taken member was released")
+	}
+}
+
+// Losing one member ends the lease, and the other members are released at once.
+func TestMultiLockLosesWithAnyMember(t *testing.T) {
+	c, rdb := newClient(t)
+	ctx := ctxT(t)
+	a, b := redistest.Name(t)+"a", redistest.Name(t)+"b"
+	l := must(t)(c.MultiLock([]string{a, b}).Lock(ctx))
+	if err := rdb.Del(ctx, lockKey(a)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	waitDone(t, l, 5*time.Second)
+	if !errors.Is(l.Err(), dlock.ErrLeaseLost) {
+		t.Fatalf("Err %v, want ErrLeaseLost", l.Err())
+	}
+	other := must(t)(c.Mutex(b).Lock(ctx)) // would wait for b's TTL (30s, ctx ends first) if kept
+	_ = other.Unlock(ctx)
+	if err := l.Unlock(ctx); !errors.Is(err, dlock.ErrNotHeld) {
+		t.Fatalf("Unlock of a lost MultiLock lease: %v, want ErrNotHeld", err)
+	}
+}
+
+func TestMultiLockBadInput(t *testing.T) {
+	c, _ := newClient(t)
+	ctx := ctxT(t)
+	for _, names := range [][]string{nil, {}, {"x", "x"}, {"x", ""}} {
+		if _, err := c.MultiLock(names).TryLock(ctx); !errors.Is(err, dlock.ErrInvalid) {
+			t.Errorf("MultiLock(%q): %v, want ErrInvalid", names, err)
+		}
+	}
+}
+
+// MultiLocks over overlapping names, taken in opposite orders by goroutines of two Clients,
+// never deadlock and never overlap on a member.
+func TestMultiLockNoDeadlockNoOverlap(t *testing.T) {
+	c1, rdb := newClient(t)
+	c2 := dlock.New(rdb)
+	defer c2.Close(context.Background())
+	ctx := ctxT(t)
+	base := redistest.Name(t)
+	names := []string{base + "0", base + "1", base + "2", base + "3"}
+	inside := make([]atomic.Int32, len(names))
+	var overlaps, done atomic.Int64
+	var wg sync.WaitGroup
+	for g := 0; g < 8; g++ {
+		c := c1
+		if g%2 == 1 {
+			c = c2
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(g), 1))
+			for range 15 {
+				idx := rng.Perm(len(names))[:2+rng.IntN(2)]
+				var ns []string
+				for _, i := range idx {
+					ns = append(ns, names[i])
+				}
+				l, err := c.MultiLock(ns).Lock(ctx)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				for _, i := range idx {
+					if inside[i].Add(1) > 1 {
+						overlaps.Add(1)
+					}
+				}
+				time.Sleep(time.Millisecond) // the critical section
+				for _, i := range idx {
+					inside[i].Add(-1)
+				}
+				if err := l.Unlock(ctx); err != nil {
+					t.Error(err)
+				}
+				done.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if overlaps.Load() != 0 || done.Load() != 8*15 {
+		t.Fatalf("%d overlaps, %d of %d critical sections done", overlaps.Load(), done.Load(), 8*15)
+	}
+}
+
+// Members on different Cluster slots: the MultiLock holds them all and excludes a Mutex on
+// each.
+func TestMultiLockAcrossClusterSlots(t *testing.T) {
+	cl := redistest.StartClusterT(t, redistest.ClusterConfig{})
+	cc := cl.Client()
+	defer cc.Close()
+	ctx := ctxT(t)
+	c := dlock.New(cc)
+	defer c.Close(ctx)
+	var names []string
+	seen := map[string]bool{}
+	for i := 0; len(names) < 3; i++ {
+		n := fmt.Sprintf("%s-%d", redistest.Name(t), i)
+		node, err := cc.MasterForKey(ctx, lockKey(n))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !seen[node.Options().Addr] {
+			seen[node.Options().Addr] = true
+			names = append(names, n)
+		}
+	}
+	l := must(t)(c.MultiLock(names).Lock(ctx))
+	for _, n := range names {
+		if _, err := c.Mutex(n).TryLock(ctx); !errors.Is(err, dlock.ErrNotObtained) {
+			t.Fatalf("Mutex on member %s (its own master): %v, want ErrNotObtained", n, err)
+		}
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l2 := must(t)(c.MultiLock(names).TryLock(ctx))
+	_ = l2.Unlock(ctx)
+}
