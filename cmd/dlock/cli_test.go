@@ -307,3 +307,23 @@ func TestRunReadAndWrite(t *testing.T) {
 		t.Fatalf("--read --write: exit %d, stderr %q", code, errs)
 	}
 }
+
+// `run A B -- cmd` holds both locks (a multi-lock) and passes each token in DLOCK_TOKENS.
+func TestRunMultiLock(t *testing.T) {
+	a, b := uniqueName(t)+"a", uniqueName(t)+"b"
+	code, out, errs := runDlock(t, "run", b, a, "--", "sh", "-c", `echo "$DLOCK_NAME $DLOCK_TOKENS"`)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	f := strings.Fields(out)
+	if len(f) != 2 || f[0] != b+","+a || !strings.HasPrefix(f[1], b+"=") || !strings.Contains(f[1], ","+a+"=") {
+		t.Fatalf("command saw %q, want NAMES and name=token pairs", out)
+	}
+	_, _, _ = startRun(t, a)
+	if code, _, errs := runDlock(t, "run", "--no-wait", a, b, "--", "true"); code != exitConflict {
+		t.Fatalf("multi-lock with a member held: exit %d, want %d: %s", code, exitConflict, errs)
+	}
+	if code, _, _ := runDlock(t, "run", "--no-wait", b, "--", "true"); code != 0 {
+		t.Fatalf("the free member was kept by the refused multi-lock: exit %d", code)
+	}
+}

@@ -9,7 +9,9 @@ import (
 	"os/exec"
 	"os/signal"
 	"runtime"
+	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 	"unsafe"
@@ -21,7 +23,7 @@ import (
 // and exit with the command's code. If the lease is lost the command gets SIGTERM, then
 // SIGKILL after --grace, and dlock exits with exitLost.
 func runCommand(args []string, stdout, stderr io.Writer) int {
-	fs, common := newFlagSet("run", "run [flags] NAME -- COMMAND [ARGS...]", stderr)
+	fs, common := newFlagSet("run", "run [flags] NAME [NAME...] -- COMMAND [ARGS...]\n\nSeveral NAMEs are taken together, all or nothing (a multi-lock).", stderr)
 	wait := fs.Duration("wait", 0, "give up after waiting this long for the lock (default: wait forever)")
 	noWait := fs.Bool("no-wait", false, "fail at once if the lock is held")
 	ttl := fs.Duration("ttl", dlock.DefaultTTL, "lease TTL; renewed every TTL/3 while the command runs")
@@ -40,10 +42,17 @@ func runCommand(args []string, stdout, stderr io.Writer) int {
 	if len(rest) < 2 {
 		return report(usageError{"run needs a lock NAME and a COMMAND", "dlock run nightly-cleanup -- /usr/local/bin/cleanup --all"}, stderr)
 	}
-	name, command := rest[0], rest[1:]
-	if len(command) > 0 && command[0] == "--" {
-		command = command[1:]
+	names, command := rest[:1], rest[1:]
+	if i := slices.Index(rest, "--"); i >= 0 {
+		names, command = rest[:i], rest[i+1:]
 	}
+	if len(names) == 0 {
+		return report(usageError{"run needs a lock NAME before --", "dlock run nightly-cleanup -- /usr/local/bin/cleanup --all"}, stderr)
+	}
+	if len(names) > 1 && (*read || *write) {
+		return report(usageError{"--read and --write take one NAME, not a multi-lock", "dlock run --read config:pricing -- ./serve"}, stderr)
+	}
+	name := strings.Join(names, ",")
 	if len(command) == 0 {
 		return report(usageError{"run needs a COMMAND after NAME --", "dlock run nightly-cleanup -- /usr/local/bin/cleanup --all"}, stderr)
 	}
@@ -64,6 +73,8 @@ func runCommand(args []string, stdout, stderr io.Writer) int {
 	defer dl.Close(context.Background())
 	var m locker = dl.Mutex(name)
 	switch {
+	case len(names) > 1:
+		m = dl.MultiLock(names)
 	case *read:
 		rw := dl.RWMutex(name)
 		m = funcLocker{rw.RLock, rw.TryRLock}
@@ -94,8 +105,11 @@ func runCommand(args []string, stdout, stderr io.Writer) int {
 
 	cmd := exec.Command(command[0], command[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, stdout, stderr
-	cmd.Env = append(os.Environ(), "DLOCK_NAME="+name, "DLOCK_TOKEN="+strconv.FormatUint(lease.Token(), 10),
+	cmd.Env = append(os.Environ(), "DLOCK_NAME="+name, "DLOCK_TOKENS="+tokensEnv(names, lease),
 		"DLOCK_OWNER="+lease.Owner()) // the id `dlock status` shows
+	if len(names) == 1 {
+		cmd.Env = append(cmd.Env, "DLOCK_TOKEN="+strconv.FormatUint(lease.Token(), 10))
+	}
 	// The command dies with dlock, whatever kills dlock: it must never outlive the lock.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	group := !isTerminal(os.Stdin)
@@ -149,6 +163,17 @@ func runCommand(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	return code
+}
+
+// tokensEnv is DLOCK_TOKENS: name=token for every lock the lease holds, comma-separated, in
+// the order of names.
+func tokensEnv(names []string, l *dlock.Lease) string {
+	tokens := l.Tokens()
+	parts := make([]string, len(names))
+	for i, n := range names {
+		parts[i] = n + "=" + strconv.FormatUint(tokens[n], 10)
+	}
+	return strings.Join(parts, ",")
 }
 
 // A locker is what run takes: a Mutex, or an RWMutex to write or (funcLocker) to read.
