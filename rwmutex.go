@@ -15,7 +15,11 @@ import (
 // It is fair, in one FIFO queue in Redis for readers and writers: readers first in line are
 // admitted together, a reader arriving while anyone waits queues behind them (so a waiting
 // writer is never overtaken by new readers), and a writer waits for the readers admitted
-// before it. Waiters are woken by push when the lock is handed to them.
+// before it. Waiters are woken by push when the lock is handed to them. Two bounded
+// exceptions, as for Mutex: a writer may take a free lock ahead of a first waiter that has
+// waited under a few milliseconds (barging, which keeps a busy lock busy), and callers that
+// joined the queue in the same millisecond are ordered by owner id. Handles sharing a
+// WithOwner id re-enter each other's read hold even while a writer waits.
 //
 // Leases are the same *Lease as a Mutex's: renewed, loss-detected, re-entered through their
 // context. Re-entry: RLock or Lock given a write lease's context re-enters it (an RLock gets a

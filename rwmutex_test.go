@@ -161,9 +161,16 @@ func TestRWMutexFairQueue(t *testing.T) {
 	if info, err := c.Inspect(ctx, name); err != nil || info.Readers != 2 || info.Waiters != 1 {
 		t.Fatalf("while the readers hold: %+v, %v; want 2 readers and 1 waiter", info, err)
 	}
-	_ = rs[0].Unlock(ctx)
+	if err := rs[0].Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := c.Inspect(ctx, name); err != nil || info.Readers != 1 || info.Waiters != 1 {
+		t.Fatalf("after one reader left: %+v, %v; want 1 reader and the writer waiting", info, err)
+	}
 	notYet(t, "writer while one reader still reads", w2)
-	_ = rs[1].Unlock(ctx)
+	if err := rs[1].Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
 	last := got(t, "second writer", w2)
 	if last.Token() <= rs[0].Token() {
 		t.Errorf("writer token %d not above the readers' %d", last.Token(), rs[0].Token())
@@ -227,6 +234,19 @@ func TestRWMutexDeadReaderIsPruned(t *testing.T) {
 	w := rwLockAsync(t, c.RWMutex(name), false)
 	waitQueued(t, c, name, 1)
 	waitDone(t, dead, 5*time.Second) // ended by its deadline, never unlocked
+	// The waiting writer's refreshes prune the dead reader while the live one keeps the key.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		info, err := c.Inspect(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.Readers == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("dead reader never pruned: %+v", info)
+		}
+	}
 	notYet(t, "writer while a live reader reads", w)
 	if err := live.Unlock(ctx); err != nil {
 		t.Fatal(err)
@@ -253,4 +273,105 @@ func TestRWMutexReadLeaseIsRenewed(t *testing.T) {
 	}
 	_ = r.Unlock(ctx)
 	_ = other.Unlock(ctx)
+}
+
+// Handles sharing a WithOwner id: two read holds of the owner count twice (one Unlock leaves
+// the other held), and a write call of the owner while it reads is refused at once instead of
+// confirming the owner's read grant as a write lease. Found by review.
+func TestRWMutexWithOwnerHandles(t *testing.T) {
+	c, _ := newClient(t)
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	w := must(t)(c.RWMutex(name).Lock(ctx))
+	r2 := rwLockAsync(t, c.RWMutex(name), true)
+	waitQueued(t, c, name, 1)
+	ro := rwLockAsync(t, c.RWMutex(name, dlock.WithOwner("O")), true)
+	waitQueued(t, c, name, 2)
+	wo := rwLockAsync(t, c.RWMutex(name, dlock.WithOwner("O")), false)
+	waitQueued(t, c, name, 3)
+	if err := w.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lr2, lro := got(t, "reader", r2), got(t, "owner O's reader", ro)
+	select {
+	case r := <-wo:
+		if !errors.Is(r.err, dlock.ErrInvalid) {
+			t.Fatalf("owner O's Lock while O reads: lease %v, err %v; want ErrInvalid", r.l != nil, r.err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("owner O's Lock while O reads neither refused nor granted")
+	}
+	second := must(t)(c.RWMutex(name, dlock.WithOwner("O")).RLock(ctx))
+	if err := lro.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if second.Err() != nil {
+		t.Fatalf("owner O's second read hold ended with its first: %v", second.Err())
+	}
+	if info, err := c.Inspect(ctx, name); err != nil || info.Readers != 2 {
+		t.Fatalf("after O unlocked one of two holds: %+v, %v; want 2 readers", info, err)
+	}
+	_ = second.Unlock(ctx)
+	_ = lr2.Unlock(ctx)
+	if _, err := c.RWMutex(name, dlock.WithOwner("r:x")).TryRLock(ctx); !errors.Is(err, dlock.ErrInvalid) {
+		t.Fatalf("owner id r:x: %v, want ErrInvalid", err)
+	}
+}
+
+// Thousands of readers that ran out at once are pruned in one call without error while a live
+// reader keeps the key (Lua's unpack limit). Found by review.
+func TestRWMutexManyDeadReaders(t *testing.T) {
+	c, _ := newClient(t)
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	live := must(t)(c.RWMutex(name).RLock(ctx))
+	short := c.RWMutex(name, dlock.WithTTL(300*time.Millisecond), dlock.WithFixedLease())
+	var last *dlock.Lease
+	for range 3000 {
+		last = must(t)(short.TryRLock(ctx))
+	}
+	waitDone(t, last, 5*time.Second) // its local deadline: Redis's is a little later
+	for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if _, err := c.RWMutex(name).TryLock(ctx); !errors.Is(err, dlock.ErrNotObtained) {
+			t.Fatalf("writer with 3000 dead readers and a live one: %v, want ErrNotObtained", err)
+		}
+		info, err := c.Inspect(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.Readers == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after the prune: %+v; want the live reader only", info)
+		}
+	}
+	if err := live.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_ = must(t)(c.RWMutex(name).TryLock(ctx)).Unlock(ctx)
+}
+
+// ForceRelease of a read-write lock ends every reader's lease and hands the lock to the
+// waiting writer.
+func TestRWMutexForceRelease(t *testing.T) {
+	c, _ := newClient(t)
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	rw := c.RWMutex(name)
+	r1, r2 := must(t)(rw.RLock(ctx)), must(t)(rw.RLock(ctx))
+	<-dlock.Tracked(r1)
+	<-dlock.Tracked(r2)
+	w := rwLockAsync(t, rw, false)
+	waitQueued(t, c, name, 1)
+	if _, err := c.ForceRelease(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	waitDone(t, r1, 5*time.Second)
+	waitDone(t, r2, 5*time.Second)
+	wl := got(t, "writer after the force", w)
+	if wl.Token() <= r1.Token() {
+		t.Errorf("writer token %d not above the readers' %d", wl.Token(), r1.Token())
+	}
+	_ = wl.Unlock(ctx)
 }

@@ -53,8 +53,7 @@ end
 -- admit lets the readers queued first join a lock this reader has just taken or joined.
 local function admit(token)
   if mode == 'r' then
-    admit_readers(KEYS[1], KEYS[3], KEYS[4], KEYS[5], string.format('%d', token), ARGV[8], msgs)
-    redis.call('PEXPIRE', KEYS[3], ARGV[4])
+    admit_readers(KEYS[1], KEYS[3], KEYS[4], KEYS[5], string.format('%d', token), ARGV[8], ARGV[4], msgs)
   end
 end
 
@@ -93,6 +92,9 @@ local function ahead(head, waited)
     leave_queue(KEYS[4], KEYS[5], me)
     return true
   end
+  if mode == 'r' and head:sub(1, 2) == 'w:' then
+    return false -- a reader never barges ahead of a waiting writer
+  end
   return waited < tonumber(ARGV[12]) and redis.call('HEXISTS', KEYS[5], me) == 0
 end
 
@@ -106,9 +108,17 @@ local function take_free()
   end
   -- It goes to the waiter ahead of us.
   leave_queue(KEYS[4], KEYS[5], head)
-  local token = grant(rw, KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], head, ARGV[8], ARGV[4], msgs)
-  if mode == 'r' and head:sub(1, 2) == 'r:' and first_waiter(KEYS[4], KEYS[5]) == nil then
-    return join(token)
+  local token = grant(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], head, ARGV[8], ARGV[4], msgs)
+  if mode == 'r' and head:sub(1, 2) == 'r:' then
+    if redis.call('HGET', KEYS[1], owner) == '0' then
+      -- We were queued among the readers admitted: confirm our own grant now.
+      redis.call('HDEL', KEYS[3], 'g:' .. owner)
+      redis.call('HSET', KEYS[1], owner, 1, '#e:' .. owner, 0) -- our own deadline replaces the grace
+      return join(token)
+    end
+    if first_waiter(KEYS[4], KEYS[5]) == nil then
+      return join(token)
+    end
   end
   return queue_up(0)
 end
@@ -136,6 +146,26 @@ if f[6] == 'r' then
   end
   f = redis.call('HMGET', KEYS[1], unpack(fields))
 end
+if f[1] and f[6] == 'r' and mode == 'w' then
+  -- Before any write: this reply must leave the lock as it was.
+  return redis.error_reply('DLOCKUPGRADE lock ' .. KEYS[1] .. ': its owner holds it to read and may not take it to write')
+end
+if f[6] == 'r' and f[1] == '0' then
+  -- A reader admitted by a grant, not yet confirmed: this is the grantee confirming, if the
+  -- grant carries the phase's token; otherwise a stale entry of ours, dropped.
+  local granted = redis.call('HGET', KEYS[3], 'g:' .. owner)
+  redis.call('HDEL', KEYS[3], 'g:' .. owner)
+  if granted == f[3] then
+    redis.call('HSET', KEYS[1], owner, 1, '#e:' .. owner, 0) -- our own deadline replaces the grace
+    add_reader(KEYS[1], owner, mark, ARGV[2])
+    return done({1, tonumber(f[3]), 1})
+  end
+  if drop_reader(KEYS[1], owner) == 0 then
+    redis.call('DEL', KEYS[1])
+    return take_free()
+  end
+  f[1] = nil
+end
 if f[1] then
   local token, count = tonumber(f[3]), tonumber(f[1])
   -- A retry of a call that already succeeded (its reply was lost) must not count twice.
@@ -147,12 +177,7 @@ if f[1] then
   local granted = redis.call('HGET', KEYS[3], 'g:' .. owner)
   if granted then
     redis.call('HDEL', KEYS[3], 'g:' .. owner)
-    if granted == f[3] then
-      if f[6] == 'r' then
-        redis.call('HSET', KEYS[1], '#e:' .. owner, 0) -- the grace deadline gives way to ours
-        add_reader(KEYS[1], owner, mark, ARGV[2])
-        return {1, token, 1}
-      end
+    if granted == f[3] and f[6] ~= 'r' then
       redis.call('HSET', KEYS[1], mark, 1)
       -- Our own TTL, not GT: the grace TTL was a placeholder, and with a TTL shorter than
       -- the grace the lock would outlive our lease and stall the next waiter.
@@ -168,8 +193,6 @@ if f[1] then
       return take_free()
     end
     f[1] = nil -- the other readers still hold it: as a caller that holds nothing
-  elseif f[6] == 'r' and mode == 'w' then
-    return redis.error_reply('DLOCKUPGRADE lock ' .. KEYS[1] .. ': its owner holds it to read and may not take it to write')
   else
     count = redis.call('HINCRBY', KEYS[1], owner, 1)
     if f[6] == 'r' then

@@ -9,14 +9,12 @@
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return 0
 end
-local kind = redis.pcall('HGET', KEYS[1], '#k')
-local rw = kind == 'rw'
 local head = first_waiter(KEYS[4], KEYS[5])
 redis.call('DEL', KEYS[1])
 if head then
   leave_queue(KEYS[4], KEYS[5], head)
   local msgs = {}
-  grant(rw, KEYS[1], KEYS[3], KEYS[2], KEYS[4], KEYS[5], head, ARGV[3], ARGV[1], msgs)
+  grant(KEYS[1], KEYS[3], KEYS[2], KEYS[4], KEYS[5], head, ARGV[3], ARGV[1], msgs)
   notify_all(ARGV[4], ARGV[2], msgs)
 end
 return 1

@@ -84,7 +84,9 @@ end
 -- owner, as a mutex) or "r" (readers). In read mode every reader owner has "#e:"..owner, its
 -- deadline in server ms, and its hold marks ("#"..holdId) name it, so a reader whose process
 -- died is pruned by the next script that meets the lock while the key's TTL (the latest
--- reader's deadline) keeps the others. "#t" is the token of the phase: a writer's own, or the
+-- reader's deadline) keeps the others. A reader admitted by a grant and not yet confirmed has
+-- count 0 (a confirmed reader at least 1), so only the grantee's own acquire confirms it.
+-- "#t" is the token of the phase: a writer's own, or the
 -- one reserved when the read phase began, shared by its readers. Queue members of a read-write
 -- lock are "r:"..owner and "w:"..owner; a mutex's are owners. mode is '' for a mutex.
 
@@ -94,10 +96,14 @@ local function member(mode, owner)
   return mode .. ':' .. owner
 end
 
--- split_member returns a queue member's mode and owner; rw tells which kind of lock it queues for.
-local function split_member(rw, m)
-  if not rw then return '', m end
-  return m:sub(1, 1), m:sub(3)
+-- split_member returns a queue member's mode and owner ("r:"/"w:" members are a read-write
+-- lock's; owner ids may not start so, see WithOwner).
+local function split_member(m)
+  local p = m:sub(1, 2)
+  if p == 'r:' or p == 'w:' then
+    return m:sub(1, 1), m:sub(3)
+  end
+  return '', m
 end
 
 -- kind_error is the reply to a mutex script on a read-write lock or the reverse.
@@ -118,7 +124,11 @@ end
 -- the hold's "#"..holdId field, or nil for a lock granted to a waiter, which adds its own
 -- mark when it confirms. mode is '' for a mutex, 'r' or 'w' for a read-write lock.
 local function hold_lock(k_lock, owner, mark, token, ttl, mode)
-  local args = {k_lock, owner, 1, '#t', string.format('%d', token), '#v', LAYOUT}
+  local count = 1
+  if mode == 'r' and not mark then
+    count = 0 -- granted, until the reader confirms
+  end
+  local args = {k_lock, owner, count, '#t', string.format('%d', token), '#v', LAYOUT}
   local function add(f, v)
     args[#args + 1] = f
     args[#args + 1] = v
@@ -131,35 +141,60 @@ local function hold_lock(k_lock, owner, mark, token, ttl, mode)
     add(mark, mode == 'r' and owner or 1)
   end
   if mode == 'r' then
-    add('#e:' .. owner, now_ms() + tonumber(ttl))
+    local d = now_ms() + tonumber(ttl)
+    add('#e:' .. owner, d)
+    add('#r', 1)
+    add('#x', d)
   end
   redis.call('HSET', unpack(args))
   redis.call('PEXPIRE', k_lock, ttl)
 end
 
--- add_reader adds owner as a reader of a lock in read mode, or renews its deadline: the later
--- of the one it has and now + ttl. The key's TTL only grows.
+-- In read mode the hash also keeps "#r", how many reader owners it has, and "#x", a lower bound
+-- of their deadlines: readers are pruned (one read of the whole hash) only once the clock has
+-- passed "#x", about once per lease TTL, not on every call.
+
+-- add_reader adds owner as a reader of a lock in read mode (count 1, or 0 without a mark: a
+-- grant), or renews its deadline: the later of the one it has and now + ttl. The key's TTL
+-- only grows.
 local function add_reader(k_lock, owner, mark, ttl)
   local e = '#e:' .. owner
-  local d = now_ms() + tonumber(ttl)
-  local had = tonumber(redis.call('HGET', k_lock, e) or '0')
-  if redis.call('HEXISTS', k_lock, owner) == 0 then
-    redis.call('HSET', k_lock, owner, 1)
+  local had = redis.call('HGET', k_lock, e)
+  if not had then
+    redis.call('HINCRBY', k_lock, '#r', 1)
+    redis.call('HSET', k_lock, owner, mark and 1 or 0)
   end
   if mark then
     redis.call('HSET', k_lock, mark, owner)
   end
-  redis.call('HSET', k_lock, e, math.max(had, d))
+  local d = math.max(tonumber(had or '0'), now_ms() + tonumber(ttl))
+  local x = tonumber(redis.call('HGET', k_lock, '#x') or '0')
+  if x == 0 or d < x then
+    redis.call('HSET', k_lock, e, d, '#x', d)
+  else
+    redis.call('HSET', k_lock, e, d)
+  end
   redis.call('PEXPIRE', k_lock, ttl, 'GT')
 end
 
+-- hdel deletes fields of a hash, in chunks (Lua's unpack has a limit).
+local function hdel(k, fields)
+  for i = 1, #fields, 1000 do
+    redis.call('HDEL', k, unpack(fields, i, math.min(i + 999, #fields)))
+  end
+end
+
 -- prune_readers drops the readers whose deadline has passed (their process died or paused
--- past its lease), with their marks, and returns how many readers remain and the latest
--- deadline among them. It costs one read of the lock hash.
-local function prune_readers(k_lock)
+-- past its lease), with their marks, and returns how many readers remain. Unless force is
+-- set it reads the whole hash only once the clock has passed "#x".
+local function prune_readers(k_lock, force)
   local now = now_ms()
+  local rx = redis.call('HMGET', k_lock, '#r', '#x')
+  if not force and tonumber(rx[2] or '0') >= now then
+    return tonumber(rx[1] or '0')
+  end
   local all = redis.call('HGETALL', k_lock)
-  local dead, live, latest = {}, 0, 0
+  local dead, live, earliest = {}, 0, nil
   for i = 1, #all, 2 do
     local f = all[i]
     if f:sub(1, 3) == '#e:' then
@@ -167,7 +202,7 @@ local function prune_readers(k_lock)
       if d < now then
         dead[f:sub(4)] = true
       else
-        live, latest = live + 1, math.max(latest, d)
+        live, earliest = live + 1, math.min(earliest or d, d)
       end
     end
   end
@@ -179,22 +214,35 @@ local function prune_readers(k_lock)
         del[#del + 1] = f
       end
     end
-    redis.call('HDEL', k_lock, unpack(del))
+    hdel(k_lock, del)
   end
-  return live, latest
+  redis.call('HSET', k_lock, '#r', live, '#x', earliest or 0)
+  return live
 end
 
--- drop_reader takes owner's reader entry and marks out of a lock in read mode and returns
--- how many readers remain and the latest deadline among them.
+-- remove_reader takes a reader out of a lock in read mode: its count, deadline and (when
+-- given) its last mark, and returns how many readers remain.
+local function remove_reader(k_lock, owner, mark)
+  if mark then
+    redis.call('HDEL', k_lock, owner, '#e:' .. owner, mark)
+  else
+    redis.call('HDEL', k_lock, owner, '#e:' .. owner)
+  end
+  redis.call('HINCRBY', k_lock, '#r', -1)
+  return prune_readers(k_lock)
+end
+
+-- drop_reader takes owner's reader entry and every mark of it out of a lock in read mode (a
+-- stale entry of ours: the marks are unknown) and returns how many readers remain.
 local function drop_reader(k_lock, owner)
   redis.call('HSET', k_lock, '#e:' .. owner, 0)
-  return prune_readers(k_lock)
+  return prune_readers(k_lock, true)
 end
 
 -- admit_readers grants a lock in read mode to the readers first in its queue, up to the first
 -- writer: no reader waits behind readers. Each gets the grace TTL to confirm and a grant record
 -- with the phase's token t; messages go to msgs.
-local function admit_readers(k_lock, k_log, k_queue, k_live, t, grace, msgs)
+local function admit_readers(k_lock, k_log, k_queue, k_live, t, grace, log_ttl, msgs)
   for _ = 1, 1000 do -- bounded: a longer line of readers is admitted by later scripts
     local head = first_waiter(k_queue, k_live)
     if not head or head:sub(1, 2) ~= 'r:' then
@@ -203,6 +251,7 @@ local function admit_readers(k_lock, k_log, k_queue, k_live, t, grace, msgs)
     local owner = head:sub(3)
     leave_queue(k_queue, k_live, head)
     redis.call('HSET', k_log, 'g:' .. owner, t)
+    redis.call('PEXPIRE', k_log, log_ttl)
     add_reader(k_lock, owner, nil, grace)
     msgs[#msgs + 1] = 'g ' .. owner
   end
@@ -213,8 +262,8 @@ end
 -- it (they share the phase's token). The op log records each grant (g:<owner> = token) before
 -- the lock is written, so a grantee can tell its grant from a stale one. It returns the
 -- messages ("g <owner>") the caller publishes last (notify_all), appended to msgs.
-local function grant(rw, k_lock, k_fence, k_log, k_queue, k_live, head, grace, log_ttl, msgs)
-  local mode, owner = split_member(rw, head)
+local function grant(k_lock, k_fence, k_log, k_queue, k_live, head, grace, log_ttl, msgs)
+  local mode, owner = split_member(head)
   local token = reserve_block(k_fence)
   local t = string.format('%d', token)
   redis.call('HSET', k_log, 'g:' .. owner, t)
@@ -222,7 +271,7 @@ local function grant(rw, k_lock, k_fence, k_log, k_queue, k_live, head, grace, l
   hold_lock(k_lock, owner, nil, token, grace, mode)
   msgs[#msgs + 1] = 'g ' .. owner
   if mode == 'r' then
-    admit_readers(k_lock, k_log, k_queue, k_live, t, grace, msgs)
+    admit_readers(k_lock, k_log, k_queue, k_live, t, grace, log_ttl, msgs)
   end
   return token
 end

@@ -62,27 +62,23 @@ local function hand_on()
   if head and waited >= tonumber(ARGV[9]) then
     leave_queue(KEYS[4], KEYS[5], head)
     local msgs = {}
-    grant(rw, KEYS[1], KEYS[3], KEYS[2], KEYS[4], KEYS[5], head, ARGV[6], ARGV[3], msgs)
+    grant(KEYS[1], KEYS[3], KEYS[2], KEYS[4], KEYS[5], head, ARGV[6], ARGV[3], msgs)
     notify_all(ARGV[7], ARGV[4], msgs)
     return 3
   end
   -- Every waiter is in the queue (its attempts join it), so with nobody there, nobody is told.
   if head then
-    local _, who = split_member(rw, head)
+    local _, who = split_member(head)
     notify(ARGV[7], ARGV[4], 'w ' .. who)
   end
   return 2
 end
 
--- let_go drops the owner's last hold: a reader leaves the read phase, which frees the lock
--- only when no other reader remains; otherwise the key's TTL follows the latest reader.
-local function let_go(reading)
-  if reading then
-    local live, latest = drop_reader(KEYS[1], owner)
-    if live > 0 then
-      redis.call('PEXPIRE', KEYS[1], math.max(latest - now_ms(), 1))
-      return 1
-    end
+-- let_go drops the owner's last hold (mark; nil for a grant not confirmed): a reader leaves
+-- the read phase, which frees the lock only when no other reader remains.
+local function let_go(reading, m)
+  if reading and remove_reader(KEYS[1], owner, m) > 0 then
+    return 1
   end
   return hand_on()
 end
@@ -92,12 +88,18 @@ if ARGV[8] == '1' then
   -- A lock granted to us and not yet confirmed is ours to pass on: the grant record names
   -- the lock's current token only while that grant stands (confirming it deletes the record).
   local granted = redis.call('HGET', KEYS[2], 'g:' .. owner)
+  local f = lock_fields(KEYS[1], owner, '#t', '#m')
   if granted then
     redis.call('HDEL', KEYS[2], 'g:' .. owner)
-    local f = lock_fields(KEYS[1], owner, '#t', '#m')
-    if f and f[1] and f[2] == granted then
-      return let_go(f[3] == 'r')
+    if f and f[1] and f[2] == granted and (f[3] ~= 'r' or f[1] == '0') then
+      return let_go(f[3] == 'r', nil)
     end
+  end
+  if rw and f and f[3] == 'r' then
+    -- A writer leaving from the head of the queue lets the readers behind it in.
+    local msgs = {}
+    admit_readers(KEYS[1], KEYS[2], KEYS[4], KEYS[5], f[2], ARGV[6], ARGV[3], msgs)
+    notify_all(ARGV[7], ARGV[4], msgs)
   end
   return 0
 end
@@ -126,4 +128,4 @@ if f[2] ~= '1' then
   redis.call('HINCRBY', KEYS[1], owner, -1)
   return 1
 end
-return let_go(f[5] == 'r')
+return let_go(f[5] == 'r', mark)
