@@ -24,9 +24,27 @@ type scenario struct {
 	procs       int      // worker processes
 	perProc     int      // concurrent actors per process
 	columns     []string // the table's value columns, before "result"
+	runs        []string // the runs' labels, the first without a lock (default: noLock, withDlock)
 	setup       func(ctx context.Context, rdb redis.UniversalClient, keys demoKeys) error
 	act         func(ctx context.Context, w *worker, actor int) error // one actor, in a worker
-	outcome     func(ctx context.Context, rdb redis.UniversalClient, keys demoKeys) (outcome, error)
+	outcome     func(ctx context.Context, rdb redis.UniversalClient, keys demoKeys, took time.Duration) (outcome, error)
+}
+
+// Run labels: what a worker's helpers (worker.go) take the lock with.
+const (
+	noLock     = "no lock"
+	withDlock  = "with dlock"
+	runMutex   = "Mutex"
+	runRWMutex = "RWMutex"
+	runNested  = "nested Mutexes"
+	runMulti   = "MultiLock"
+)
+
+func (s *scenario) runLabels() []string {
+	if s.runs != nil {
+		return s.runs
+	}
+	return []string{noLock, withDlock}
 }
 
 // outcome is one row of the demo table.
@@ -43,9 +61,10 @@ func (k demoKeys) key(name string) string { return string(k) + name }
 
 var scenarios = map[string]*scenario{
 	"tickets": ticketScenario, "seckill": seckillScenario, "cron": cronScenario, "counter": counterScenario,
+	"prices": pricesScenario, "transfer": transferScenario,
 }
 
-const scenarioOrder = "tickets seckill cron counter"
+const scenarioOrder = "tickets seckill cron counter prices transfer"
 
 func runDemo(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("dlock demo", flag.ContinueOnError)
@@ -95,22 +114,21 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-// playScenario runs s without and with the lock and prints the table. It reports whether the
-// locked run was exact.
+// playScenario runs s without and with the lock (or each of its runs) and prints the table. It
+// reports whether every locked run was exact.
 func playScenario(s *scenario, conn *connection, stdout, stderr io.Writer) (bool, error) {
 	fmt.Fprintf(stdout, "%s\n\n", s.title)
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "  run\t%s\tresult\n", strings.Join(s.columns, "\t"))
 	rdb := conn.rdb
-	exact := false
-	for _, locked := range []bool{false, true} {
-		o, err := runOnce(s, conn, rdb, locked, stderr)
+	exact := true
+	for _, label := range s.runLabels() {
+		o, err := runOnce(s, conn, rdb, label, stderr)
 		if err != nil {
 			return false, err
 		}
-		label := "no lock"
-		if locked {
-			label, exact = "with dlock", o.exact
+		if label != noLock {
+			exact = exact && o.exact
 		}
 		fmt.Fprintf(tw, "  %s\t%s\t%s\n", label, strings.Join(o.cells, "\t"), o.text)
 	}
@@ -121,7 +139,7 @@ func playScenario(s *scenario, conn *connection, stdout, stderr io.Writer) (bool
 
 // runOnce starts the worker processes for one run and collects the outcome. A run longer than
 // two seconds shows its progress on stderr.
-func runOnce(s *scenario, conn *connection, rdb redis.UniversalClient, locked bool, stderr io.Writer) (outcome, error) {
+func runOnce(s *scenario, conn *connection, rdb redis.UniversalClient, run string, stderr io.Writer) (outcome, error) {
 	ctx := context.Background()
 	keys := demoKeys(fmt.Sprintf("dlock-demo:%s:%d:", s.name, time.Now().UnixNano()))
 	if err := s.setup(ctx, rdb, keys); err != nil {
@@ -139,7 +157,7 @@ func runOnce(s *scenario, conn *connection, rdb redis.UniversalClient, locked bo
 	for p := 0; p < s.procs; p++ {
 		cmd := exec.Command(exe, workerCommand,
 			"--redis", conn.url, "--scenario", s.name, "--keys", string(keys),
-			"--locked="+strconv.FormatBool(locked), "--actors", strconv.Itoa(s.perProc),
+			"--run", run, "--actors", strconv.Itoa(s.perProc),
 			"--proc", strconv.Itoa(p), "--start", strconv.FormatInt(start, 10))
 		wg.Add(1)
 		go func() {
@@ -149,17 +167,18 @@ func runOnce(s *scenario, conn *connection, rdb redis.UniversalClient, locked bo
 			}
 		}()
 	}
-	stopProgress := progress(stderr, s.name, locked)
+	stopProgress := progress(stderr, s.name, run)
 	wg.Wait()
+	took := time.Since(time.Unix(0, start)) // from the shared start line
 	stopProgress()
 	if err := errors.Join(errs...); err != nil {
 		return outcome{}, fmt.Errorf("demo %s: %w", s.name, err)
 	}
-	return s.outcome(ctx, rdb, keys)
+	return s.outcome(ctx, rdb, keys, took)
 }
 
 // progress prints a line every second on stderr once a run has taken two seconds.
-func progress(stderr io.Writer, name string, locked bool) (stop func()) {
+func progress(stderr io.Writer, name, run string) (stop func()) {
 	done := make(chan struct{})
 	finished := make(chan struct{})
 	start := time.Now()
@@ -173,11 +192,7 @@ func progress(stderr io.Writer, name string, locked bool) (stop func()) {
 				return
 			case now := <-t.C:
 				if el := now.Sub(start); el >= 2*time.Second {
-					mode := "without a lock"
-					if locked {
-						mode = "with dlock"
-					}
-					fmt.Fprintf(stderr, "dlock: demo %s %s: running for %.0fs...\n", name, mode, el.Seconds())
+					fmt.Fprintf(stderr, "dlock: demo %s (%s): running for %.0fs...\n", name, run, el.Seconds())
 				}
 			}
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -40,7 +41,7 @@ var counterScenario = &scenario{
 		}
 		return nil
 	},
-	outcome: func(ctx context.Context, rdb redis.UniversalClient, k demoKeys) (outcome, error) {
+	outcome: func(ctx context.Context, rdb redis.UniversalClient, k demoKeys, _ time.Duration) (outcome, error) {
 		v, err := rdb.Get(ctx, k.key("counter")).Int()
 		if err != nil {
 			return outcome{}, err

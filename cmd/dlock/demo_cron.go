@@ -48,7 +48,7 @@ var cronScenario = &scenario{
 		}
 		return nil
 	},
-	outcome: func(ctx context.Context, rdb redis.UniversalClient, k demoKeys) (outcome, error) {
+	outcome: func(ctx context.Context, rdb redis.UniversalClient, k demoKeys, _ time.Duration) (outcome, error) {
 		runs, _ := rdb.Get(ctx, k.key("runs")).Int()
 		skipped, _ := rdb.Get(ctx, k.key("skipped")).Int()
 		o := outcome{cells: []string{strconv.Itoa(cronTicks), strconv.Itoa(runs), strconv.Itoa(skipped)}}

@@ -48,7 +48,7 @@ var seckillScenario = &scenario{
 			})
 		})
 	},
-	outcome: func(ctx context.Context, rdb redis.UniversalClient, k demoKeys) (outcome, error) {
+	outcome: func(ctx context.Context, rdb redis.UniversalClient, k demoKeys, _ time.Duration) (outcome, error) {
 		orders, _ := rdb.Get(ctx, k.key("orders")).Int()
 		left, _ := rdb.Get(ctx, k.key("stock")).Int()
 		doubles := 0

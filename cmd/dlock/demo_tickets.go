@@ -41,7 +41,7 @@ var ticketScenario = &scenario{
 			return w.rdb.RPush(ctx, w.keys.key("sold"), buyer).Err()
 		})
 	},
-	outcome: func(ctx context.Context, rdb redis.UniversalClient, k demoKeys) (outcome, error) {
+	outcome: func(ctx context.Context, rdb redis.UniversalClient, k demoKeys, _ time.Duration) (outcome, error) {
 		sold, err := rdb.LLen(ctx, k.key("sold")).Result()
 		if err != nil {
 			return outcome{}, err
