@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"strings"
 	"sync"
 	"time"
 
@@ -33,7 +34,7 @@ var libNames = []string{
 // isPeer reports whether name is a library dlock is compared against (not dlock itself, not
 // the unsafe raw floor).
 func isPeer(name string) bool {
-	return name != "raw" && name != "dlock" && name != "dlock-nocohort"
+	return name != "raw" && !strings.HasPrefix(name, "dlock")
 }
 
 // isSafe reports whether the library is meant to give mutual exclusion (raw is not).

@@ -414,7 +414,7 @@ func (d *driver) runLoop(idx int, pr plannedRun) *runResult {
 	for i := range ws {
 		paths[i] = filepath.Join(d.tmp, fmt.Sprintf("%s-%d.gob", prefix, i))
 		w, err := d.spawn(workerSpec{Mode: modeLoop, Lib: pr.lib, RedisURL: d.redisURL, PGURL: d.pgURL,
-			Proc: i, Goroutines: sc.Goroutines, Keying: sc.Keying, CS: sc.CS, Prefix: prefix,
+			Proc: i, Goroutines: sc.Goroutines, Keying: sc.Keying, CS: sc.CS, Workload: sc.Workload, Prefix: prefix,
 			Duration: d.dur, ResultPath: paths[i]})
 		if err != nil {
 			r.Failed = err.Error()
@@ -499,6 +499,12 @@ func (d *driver) runLoop(idx int, pr plannedRun) *runResult {
 		if c == 0 {
 			r.Starved++
 		}
+	}
+	if sc.Workload != "" {
+		if err := d.mixResults(ctx, r, sc, res, before, after); err != nil {
+			r.Failed = err.Error()
+		}
+		return r
 	}
 	exclude := map[string]int64{"info": 1} // the driver's INFO before the run
 	if sc.CS != csNone {

@@ -45,6 +45,14 @@ type runResult struct {
 	Handoffs         int      `json:"cross_process_handoffs,omitempty"`
 	WakeP50us        *float64 `json:"wakeup_p50_us,omitempty"`
 	WakeP99us        *float64 `json:"wakeup_p99_us,omitempty"`
+	// read-heavy (rw) and multi-lock runs
+	Reads          int64    `json:"reads,omitempty"`
+	Writes         int64    `json:"writes,omitempty"`
+	ReadWaitP99us  *float64 `json:"read_wait_p99_us,omitempty"`
+	WriteWaitP50us *float64 `json:"write_wait_p50_us,omitempty"`
+	WriteWaitP99us *float64 `json:"write_wait_p99_us,omitempty"`
+	WriterJain     *float64 `json:"writer_jain,omitempty"`
+	Deadlocks      *int64   `json:"deadlocks,omitempty"`
 	// killed waiter
 	StallsMs   []float64 `json:"stalls_ms,omitempty"`
 	MaxStallMs float64   `json:"max_stall_ms,omitempty"`
@@ -70,6 +78,13 @@ func (r *runResult) summary() string {
 	}
 	s := fmt.Sprintf("%8.0f ops/s  p99 %s  jain %.3f  %.1f cmds/acq  %.1f srv-µs/acq", r.OpsPerSec,
 		fmtUs(r.WaitP99us), r.Jain, r.CmdsPerAcq, r.ServerUsPerAcq)
+	if r.WriteWaitP99us != nil {
+		s += fmt.Sprintf("  reads %d writes %d  writer p99 %s  writer jain %.3f", r.Reads, r.Writes,
+			fmtUs(*r.WriteWaitP99us), *r.WriterJain)
+	}
+	if r.Deadlocks != nil {
+		s += fmt.Sprintf("  deadlocks %d", *r.Deadlocks)
+	}
 	if r.LostIncrements != nil {
 		s += fmt.Sprintf("  lost %d", *r.LostIncrements)
 	}
@@ -237,7 +252,7 @@ func (rp *report) markdown() string {
 	for i := range scenarios {
 		sc := &scenarios[i]
 		rs := rp.ofScenario(sc.ID)
-		if len(rs) == 0 {
+		if len(rs) == 0 || sc.Workload != "" { // rw and multi come after the special scenarios
 			continue
 		}
 		p("## %s\n\n", sc.Title)
@@ -288,6 +303,7 @@ func (rp *report) markdown() string {
 		}
 		p("\n")
 	}
+	rp.mixSections(&b)
 	rp.targets(&b)
 	if !rp.pg {
 		p("## PostgreSQL advisory locks (optional)\n\n")
@@ -435,6 +451,7 @@ func (rp *report) targets(b *strings.Builder) {
 				pctChange(a.ServerUsPerAcq, c.ServerUsPerAcq))
 		}
 	}
+	rp.mixTargets(row)
 	if d, r := rp.find("uncontended", "dlock"), rp.find("uncontended", "raw"); d != nil && r != nil {
 		row("uncontended ops/s vs raw SET NX + DEL", fmt.Sprintf("%.0f", d.OpsPerSec), fmt.Sprintf("raw %.0f", r.OpsPerSec),
 			ratio(d.OpsPerSec, r.OpsPerSec))

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"regexp"
+	"strings"
 	"time"
 )
 
@@ -30,6 +31,7 @@ type scenario struct {
 	Keying     string
 	CS         string
 	Libs       []string // libraries this scenario runs, in report order
+	Workload   string   // "" (every goroutine loops lock, CS, unlock on Keying), workRW or workMulti
 	Note       string
 }
 
@@ -52,7 +54,19 @@ var scenarios = []scenario{
 	{ID: "waiters-256", Title: "6. Waiter scaling: 4 processes × 64 goroutines (256 waiters) on one key, GET+SET",
 		Procs: 4, Goroutines: 64, Keying: keyShared, CS: csGetSet, Libs: contendedLibs,
 		Note: "The 32-waiter side of the comparison is the contended 4×8 run (same shape with 8 goroutines per process)."},
+	// Reported after the special scenarios (sections 10 and 11).
+	{ID: "rw-4x8", Title: "10. Read-heavy 4×8: 4 processes × 8 goroutines, one name, 90 % reads (GET + 1 ms), 10 % writes (GET+SET)",
+		Procs: 4, Goroutines: 8, Keying: keyShared, CS: csGetSet, Workload: workRW, Libs: rwLibs},
+	{ID: "multi-4x8", Title: "11. Multi-lock 4×8: 4 processes × 8 goroutines, each operation takes 2–3 random names of 16, GET+SET of each name's counter",
+		Procs: 4, Goroutines: 8, Keying: "2–3 of 16", CS: csGetSet, Workload: workMulti, Libs: multiLibs},
 }
+
+// rwLibs: dlock's RWMutex, dlock's Mutex on the same workload, PostgreSQL shared advisory locks.
+var rwLibs = []string{"dlock-rw", "dlock", "pg-rw"}
+
+// multiLibs: dlock's MultiLock and ordered chains of single locks at three retry delays each.
+var multiLibs = []string{"dlock", "redsync-chain-1ms", "redsync-chain-10ms", "redsync-chain-100ms",
+	"redislock-chain-1ms", "redislock-chain-10ms", "redislock-chain-100ms"}
 
 // Special scenarios (not throughput loops).
 const (
@@ -76,7 +90,7 @@ func (p plannedRun) name() string { return p.id + "/" + p.lib }
 func plan(only *regexp.Regexp, havePG bool) []plannedRun {
 	var out []plannedRun
 	add := func(sc *scenario, id, lib string) {
-		if lib == "pg" && !havePG {
+		if strings.HasPrefix(lib, "pg") && !havePG {
 			return
 		}
 		r := plannedRun{sc: sc, id: id, lib: lib}

@@ -41,6 +41,7 @@ type workerSpec struct {
 	Goroutines int           `json:"goroutines"`
 	Keying     string        `json:"keying"`
 	CS         string        `json:"cs"`
+	Workload   string        `json:"workload,omitempty"` // "" (mutex loop), workRW or workMulti
 	Prefix     string        `json:"prefix"`
 	Duration   time.Duration `json:"duration"`
 	ResultPath string        `json:"result_path"`
@@ -62,6 +63,13 @@ type workerResult struct {
 	CSErrs    int64
 	ErrSample []string
 	HWMKB     int64
+	// rw and multi workloads (workloads.go)
+	WriteCounts []int64          // writes per goroutine (rw)
+	WriteWaits  []int64          // ns, every write acquisition (rw)
+	ReadWaits   []int64          // ns, every read acquisition (rw)
+	Stuck       int64            // lock calls given up after stuckAfter (multi)
+	Gets, Sets  int64            // critical-section commands, left out of the lock's Redis cost
+	Incr        map[string]int64 // increments made, by counter key
 }
 
 // Key names. All start with the run's prefix, so the driver can remove them afterwards.
@@ -146,6 +154,9 @@ func newRedis(url string, poolSize int) (*redis.Client, error) {
 }
 
 func loopWorker(spec workerSpec, in *bufio.Scanner) error {
+	if spec.Workload != "" {
+		return mixWorker(spec, in)
+	}
 	res := &workerResult{Proc: spec.Proc, Counts: make([]int64, spec.Goroutines)}
 	fail := func(err error) error {
 		say("failed %s", strings.ReplaceAll(err.Error(), "\n", " "))
