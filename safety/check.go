@@ -227,6 +227,7 @@ func checkLock(ops []op, ttl time.Duration, single bool, kills []int64, v *verdi
 		if rc, ok := releaseCall[leaseID{a.holder(), a.Call}]; ok && rc < end {
 			end = rc
 		}
+		end = memberEnd(a, end)
 		if end = cut(a, end); end > a.Return {
 			windows = append(windows, window{a.holder(), a.Return, end, a})
 		}
@@ -250,7 +251,7 @@ func checkLock(ops []op, ttl time.Duration, single bool, kills []int64, v *verdi
 	sort.Slice(windows, func(i, j int) bool { return windows[i].start < windows[j].start })
 	for i, w := range windows {
 		for j := i - 1; j >= 0 && j >= i-256; j-- {
-			if p := windows[j]; p.holder != w.holder && p.end > w.start {
+			if p := windows[j]; p.holder != w.holder && p.end > w.start && !(p.a.Mode == "r" && w.a.Mode == "r") {
 				v.Overlaps++
 				if !explained(p.a) {
 					v.Unexplained++
@@ -297,7 +298,14 @@ func checkLock(ops []op, ttl time.Duration, single bool, kills []int64, v *verdi
 		}
 	}
 
-	// A release or extend by A succeeding after B acquired since A's acquire returned.
+	// A release or extend by A succeeding after B acquired since A's acquire returned (but a
+	// reader's after another reader joined it).
+	readers := map[leaseID]bool{}
+	for _, a := range acquires {
+		if a.Mode == "r" {
+			readers[leaseID{a.holder(), a.Call}] = true
+		}
+	}
 	sort.Slice(acquires, func(i, j int) bool { return acquires[i].Call < acquires[j].Call })
 	for _, r := range releases {
 		ra, ok := acqReturn[leaseID{r.holder(), r.Acq}]
@@ -306,7 +314,7 @@ func checkLock(ops []op, ttl time.Duration, single bool, kills []int64, v *verdi
 		}
 		k := sort.Search(len(acquires), func(i int) bool { return acquires[i].Call > ra })
 		for ; k < len(acquires) && acquires[k].Call < r.Call; k++ {
-			if b := acquires[k]; b.holder() != r.holder() && b.Return < r.Call {
+			if b := acquires[k]; b.holder() != r.holder() && b.Return < r.Call && !(b.Mode == "r" && readers[leaseID{r.holder(), r.Acq}]) {
 				v.ForeignReleases++
 				break
 			}
@@ -367,7 +375,7 @@ func heldAtForce(acquires, forces []op, releaseCall map[leaseID]int64) [][]op {
 }
 
 // doubleGrants counts acquires B granted while another client's lease A certainly still
-// held the lock in Redis. A's hold certainly exists over [A's return, E_A), where E_A is the
+// held the lock in Redis (but a read lease B while A was a read lease too). A's hold certainly exists over [A's return, E_A), where E_A is the
 // later of its acquire call + TTL × (1 − drift) and the end of the window its holder last
 // read (renewals included), cut at the call of a release of A that succeeded or may have
 // (unknown outcome). B is a double grant if its own such interval meets A's, or if its
@@ -399,6 +407,7 @@ func doubleGrantPairs(acquires, ops []op, ttl time.Duration, cut func(op, int64)
 		if rc, ok := released[leaseID{a.holder(), a.Call}]; ok {
 			end = min(end, rc)
 		}
+		end = memberEnd(a, end)
 		if cut != nil {
 			end = cut(a, end)
 		}
@@ -413,7 +422,7 @@ func doubleGrantPairs(acquires, ops []op, ttl time.Duration, cut func(op, int64)
 	for i, b := range byRet {
 		for j := i - 1; j >= 0 && j >= i-512; j-- {
 			a := byRet[j]
-			if a.holder() == b.holder() || ends[j] <= a.Return {
+			if a.holder() == b.holder() || ends[j] <= a.Return || (a.Mode == "r" && b.Mode == "r") {
 				continue
 			}
 			meets := ends[i] > b.Return && b.Return < ends[j] // a.Return <= b.Return by the order
@@ -430,21 +439,35 @@ func doubleGrantPairs(acquires, ops []op, ttl time.Duration, cut func(op, int64)
 	return n, unexplained
 }
 
+// memberEnd cuts the hold of a multi-lock lease's member at the moment its holder saw the
+// lease lost: dlock then gives the other members back (Lease docs: lost as soon as any member
+// is lost), so their holds, and the lease's window, end there.
+func memberEnd(a op, end int64) int64 {
+	if a.Mode == "m" && a.Lost && a.DoneAt > 0 {
+		return min(end, a.DoneAt)
+	}
+	return end
+}
+
 // tokenRegressions counts acquires whose token does not exceed the highest token of the
-// acquires that returned before their call.
+// acquires that returned before their call. A read lease (Mode "r") shares its read phase's
+// token: it must exceed every earlier writer's and equal or exceed every earlier reader's.
 func tokenRegressions(acquires []op) int {
 	byCall := append([]op(nil), acquires...)
 	sort.Slice(byCall, func(i, j int) bool { return byCall[i].Call < byCall[j].Call })
 	byRet := append([]op(nil), acquires...)
 	sort.Slice(byRet, func(i, j int) bool { return byRet[i].Return < byRet[j].Return })
-	var maxTok uint64
+	var maxTok, maxWrite uint64
 	n, k := 0, 0
 	for _, b := range byCall {
 		for k < len(byRet) && byRet[k].Return < b.Call {
 			maxTok = max(maxTok, byRet[k].Token)
+			if byRet[k].Mode != "r" {
+				maxWrite = max(maxWrite, byRet[k].Token)
+			}
 			k++
 		}
-		if b.Token <= maxTok {
+		if b.Mode == "r" && (b.Token < maxTok || b.Token <= maxWrite) || b.Mode != "r" && b.Token <= maxTok {
 			n++
 		}
 	}

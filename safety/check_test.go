@@ -179,3 +179,128 @@ func TestForceNoticeAttribution(t *testing.T) {
 		t.Fatalf("a hold broken once: noticed %d, notice %v; want 2, p50 55ms, max 200ms", v.ForcesNoticed, v.Notice)
 	}
 }
+
+// relTok is rel with the lease's token, as the client records it (the model checks it).
+func relTok(c int, acqCall, call int64, tok uint64) op {
+	o := rel(c, acqCall, call, "ok")
+	o.Token = tok
+	return o
+}
+
+// Read-write lock: readers may overlap readers; a writer's window may overlap no other lease,
+// reader or writer; a writer's token exceeds every earlier lease's, a reader's every earlier
+// writer's (readers of one phase share a token).
+func TestReadWrite(t *testing.T) {
+	ttl := 100 * time.Millisecond
+	read := func(c int, call, ret, until int64, tok uint64) op {
+		o := acq(c, call, ret, tok)
+		o.Mode, o.Until = "r", until*ms
+		return o
+	}
+	write := func(c int, call, ret, until int64, tok uint64) op {
+		o := acq(c, call, ret, tok)
+		o.Until = until * ms
+		return o
+	}
+	good := []op{
+		read(1, 0, 1, 50, 1), read(2, 2, 3, 60, 1), relTok(1, 0, 40, 1), relTok(2, 2, 45, 1), // one read phase
+		write(3, 5, 46, 90, 2), relTok(3, 5, 80, 2), // waits for both readers
+		read(1, 81, 82, 150, 3), read(2, 83, 84, 150, 3), relTok(1, 81, 120, 3), relTok(2, 83, 121, 3),
+	}
+	v := check(good, nil, ttl, false, nil)
+	if v.Overlaps != 0 || v.DoubleGrants != 0 || v.TokenRegressions != 0 || v.ForeignReleases != 0 {
+		t.Fatalf("good read-write history: %+v", v)
+	}
+	if res := linearizeOne(good); res != "ok" {
+		t.Fatalf("porcupine on the good history's writers: %s", res)
+	}
+
+	// A writer granted while a reader holds: its window overlaps the reader's.
+	bad := []op{read(1, 0, 1, 50, 1), write(2, 2, 3, 60, 2), rel(1, 0, 40, "ok"), rel(2, 2, 45, "ok")}
+	if v := check(bad, nil, ttl, false, nil); v.Overlaps != 1 || v.DoubleGrants != 1 {
+		t.Fatalf("a writer beside a reader: %d overlaps, %d double grants, want 1 and 1", v.Overlaps, v.DoubleGrants)
+	}
+	// A reader granted while a writer holds.
+	bad = []op{write(1, 0, 1, 50, 1), read(2, 2, 3, 60, 2), rel(1, 0, 40, "ok"), rel(2, 2, 45, "ok")}
+	if v := check(bad, nil, ttl, false, nil); v.Overlaps != 1 || v.DoubleGrants != 1 {
+		t.Fatalf("a reader beside a writer: %d overlaps, %d double grants, want 1 and 1", v.Overlaps, v.DoubleGrants)
+	}
+	// Two writers: porcupine sees them too.
+	bad = []op{write(1, 0, 1, 50, 1), write(2, 2, 3, 60, 2), relTok(1, 0, 40, 1), relTok(2, 2, 45, 2)}
+	if res := linearizeOne(bad); res != "illegal" {
+		t.Fatalf("porcupine on two writers at once: %s", res)
+	}
+
+	// Tokens: a reader sharing an earlier reader's token is fine, one below a writer's or a
+	// writer's equal to a reader's is not.
+	if n := tokenRegressions([]op{read(1, 0, 1, 50, 4), read(2, 2, 3, 50, 4)}); n != 0 {
+		t.Fatalf("readers of one phase: %d regressions, want 0", n)
+	}
+	if n := tokenRegressions([]op{write(1, 0, 1, 50, 4), read(2, 60, 61, 90, 4)}); n != 1 {
+		t.Fatalf("a reader with an earlier writer's token: %d regressions, want 1", n)
+	}
+	if n := tokenRegressions([]op{read(1, 0, 1, 50, 4), write(2, 60, 61, 90, 4)}); n != 1 {
+		t.Fatalf("a writer with an earlier reader's token: %d regressions, want 1", n)
+	}
+	if n := tokenRegressions([]op{read(1, 0, 1, 50, 5), read(2, 60, 61, 90, 4)}); n != 1 {
+		t.Fatalf("a reader below an earlier reader's token: %d regressions, want 1", n)
+	}
+
+	// A reader releasing after another reader joined releases nothing of the other's.
+	if v := check([]op{read(1, 0, 1, 50, 1), read(2, 2, 3, 60, 1), rel(1, 0, 10, "ok")}, nil, ttl, false, nil); v.ForeignReleases != 0 {
+		t.Fatalf("a reader's release beside another reader: %d foreign, want 0", v.ForeignReleases)
+	}
+	if v := check([]op{write(1, 0, 1, 50, 1), read(2, 2, 3, 60, 2), rel(1, 0, 10, "ok")}, nil, ttl, false, nil); v.ForeignReleases != 1 {
+		t.Fatalf("a writer's release after a reader came in: %d foreign, want 1", v.ForeignReleases)
+	}
+}
+
+// A multi-lock lease is recorded as one exclusive acquire per member (with its own token):
+// its window must not overlap a Mutex lease's on any member, nor the same multi-lock
+// lease's on another member count against it.
+func TestMultiLockMembers(t *testing.T) {
+	ttl := 100 * time.Millisecond
+	member := func(lock int, tok uint64) op {
+		o := acq(1, 0, 1, tok)
+		o.Lock, o.Until = lock, 50*ms
+		return o
+	}
+	mrel := func(lock int, tok uint64) op { o := relTok(1, 0, 40, tok); o.Lock = lock; return o }
+	mutex := func(lock int, call, ret int64, tok uint64) op {
+		o := acq(2, call, ret, tok)
+		o.Lock, o.Until = lock, (ret+30)*ms
+		return o
+	}
+	urel := func(lock int, call, at int64, tok uint64) op { o := relTok(2, call, at, tok); o.Lock = lock; return o }
+	good := []op{member(0, 1), member(1, 7), mrel(0, 1), mrel(1, 7), mutex(1, 2, 41, 8), urel(1, 2, 60, 8)}
+	if v := check(good, nil, ttl, false, nil); v.Overlaps != 0 || v.DoubleGrants != 0 || v.TokenRegressions != 0 {
+		t.Fatalf("a Mutex after the multi-lock released: %+v", v)
+	}
+	if res := linearizeOne(good); res != "ok" {
+		t.Fatalf("porcupine, good multi-lock history: %s", res)
+	}
+	// The Mutex on member 1 granted while the multi-lock holds it (a member released early).
+	bad := []op{member(0, 1), member(1, 7), mrel(0, 1), mrel(1, 7), mutex(1, 2, 10, 8), urel(1, 2, 30, 8)}
+	if v := check(bad, nil, ttl, false, nil); v.Overlaps != 1 || v.DoubleGrants != 1 {
+		t.Fatalf("a Mutex inside a multi-lock's member: %d overlaps, %d double grants, want 1 and 1", v.Overlaps, v.DoubleGrants)
+	}
+	if res := linearizeOne(bad); res != "illegal" {
+		t.Fatalf("porcupine, a Mutex inside a multi-lock's member: %s", res)
+	}
+
+	// The lease lost at 20 (a member gone): dlock gives member 1 back, and a Mutex may take it.
+	lost := []op{member(0, 1), member(1, 7), mutex(1, 2, 25, 8), urel(1, 2, 30, 8)}
+	for k := range 2 {
+		lost[k].Mode, lost[k].Lost, lost[k].DoneAt = "m", true, 20*ms
+	}
+	if v := check(lost, nil, ttl, false, nil); v.Overlaps != 0 || v.DoubleGrants != 0 {
+		t.Fatalf("a Mutex on a member given back after the loss: %d overlaps, %d double grants, want 0 and 0", v.Overlaps, v.DoubleGrants)
+	}
+	if res := linearizeOne(lost); res != "ok" {
+		t.Fatalf("porcupine, a member given back after the loss: %s", res)
+	}
+	lost[1].Lost = false // not lost: member 1 was still held
+	if v := check(lost, nil, ttl, false, nil); v.DoubleGrants != 1 {
+		t.Fatalf("a Mutex on a member still held: %d double grants, want 1", v.DoubleGrants)
+	}
+}

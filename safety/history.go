@@ -46,6 +46,11 @@ type op struct {
 	// deadline) while its hold was still there: the client read the lock right after and
 	// found the same owner and token block.
 	False bool `json:"false,omitempty"`
+	// Mode (acquire ops) is "r" for a read lease of a read-write lock (readers may overlap
+	// readers), "m" for a member of a multi-lock lease (exclusive; once the lease is lost,
+	// dlock gives its other members back, so their holds end at its DoneAt), "" for any other
+	// exclusive lease (a Mutex's, a writer's).
+	Mode string `json:"m,omitempty"`
 	// Note: for force ops, "kill-t" or "kill-P" when the nemesis had just killed the
 	// notification connections of that kind; for reenter ops, a re-entry anomaly.
 	Note string `json:"note,omitempty"`

@@ -53,6 +53,7 @@ type mutexInput struct {
 	ret    int64 // the real return, also for unknown outcomes
 	until  int64 // acquires: the end of the validity window the holder last read
 	cohort bool  // acquires: see op.Cohort
+	acq    op    // acquires: the op itself (see memberEnd)
 	result string
 }
 
@@ -72,6 +73,7 @@ func mutexModel(ttl time.Duration) porcupine.Model {
 			if !o.cohort {
 				exp = max(o.call+lease, o.until)
 			}
+			exp = memberEnd(o.acq, exp)
 			return []interface{}{mutexState{owner: o.client, token: o.token, lastTok: o.token, expMin: exp, regTok: s.regTok}}
 		case "force":
 			freed := s
@@ -177,7 +179,7 @@ func porcupineOps(ops []op) []porcupine.Operation {
 		}
 		out = append(out, porcupine.Operation{
 			ClientId: denseID(dense, o.holder()),
-			Input:    mutexInput{kind: o.Kind, client: o.holder(), token: o.Token, call: o.Call, ret: o.Return, until: o.Until, cohort: o.Cohort, result: o.Result},
+			Input:    mutexInput{kind: o.Kind, client: o.holder(), token: o.Token, call: o.Call, ret: o.Return, until: o.Until, cohort: o.Cohort, result: o.Result, acq: o},
 			Call:     o.Call,
 			Output:   nil,
 			Return:   ret,
@@ -201,7 +203,7 @@ func linearize(ops []op, ttl time.Duration, dir, name string, timeout time.Durat
 	model := mutexModel(ttl)
 	result = "ok"
 	for _, l := range locks {
-		hist := porcupineOps(byLock[l])
+		hist := porcupineOps(exclusiveOps(byLock[l]))
 		switch porcupine.CheckOperationsTimeout(model, hist, timeout) {
 		case porcupine.Unknown:
 			unknown++
@@ -220,6 +222,29 @@ func linearize(ops []op, ttl time.Duration, dir, name string, timeout time.Durat
 		}
 	}
 	return result, unknown, html
+}
+
+// exclusiveOps leaves out the read leases of a read-write lock (acquires with Mode "r" and
+// the releases and extends of those leases): the model is a mutex, so it checks the writers
+// among themselves; the counters check readers against writers.
+func exclusiveOps(ops []op) []op {
+	readers := map[leaseID]bool{}
+	for _, o := range ops {
+		if o.Kind == "acquire" && o.Mode == "r" {
+			readers[leaseID{o.holder(), o.Call}] = true
+		}
+	}
+	if len(readers) == 0 {
+		return ops
+	}
+	out := make([]op, 0, len(ops))
+	for _, o := range ops {
+		if o.Kind == "acquire" && o.Mode == "r" || (o.Kind == "release" || o.Kind == "extend") && readers[leaseID{o.holder(), o.Acq}] {
+			continue
+		}
+		out = append(out, o)
+	}
+	return out
 }
 
 func denseID(m map[int]int, h int) int {
