@@ -26,10 +26,12 @@ type clientSpec struct {
 	// WriteURL, when set, is where the resource writes go (through a proxy the nemesis slows
 	// down); reads and the rest go to ResURL.
 	WriteURL string `json:"write_url,omitempty"`
-	Workload string `json:"workload"` // "fenced" or "lockset"
+	Workload string `json:"workload"` // "fenced", "lockset", "rw" or "multi"
 	// Weak names the weakened client of a positive control: "nodel" (SET NX PX, plain DEL,
 	// no owner check), "nofence" (dlock's lock, resource writes without the token check) or
-	// "wallclock" (dlock reading a clock without monotonic readings). "" is dlock as shipped.
+	// "wallclock" (dlock reading a clock without monotonic readings), "readwriter" (rw: writers
+	// that take only a read lease) or "early" (multi: members taken one at a time with
+	// Mutexes, the last released at once). "" is dlock as shipped.
 	Weak      string        `json:"weak,omitempty"`
 	TTL       time.Duration `json:"ttl"`
 	Work      time.Duration `json:"work"` // time inside the critical section
@@ -178,6 +180,11 @@ type held struct {
 	lock  int
 	lease *dlock.Lease // nil for the "nodel" control
 	acq   op
+	// members are a multi-lock's locks (nil otherwise), with their tokens; extra are the
+	// "early" control's other members' leases.
+	members []int
+	tokens  []uint64
+	extra   []*dlock.Lease
 
 	doneAt    atomic.Int64  // when the watcher saw Done close
 	falseLoss atomic.Bool   // see op.False
@@ -194,7 +201,8 @@ func (w *worker) watch(h *held) {
 		<-l.Done()
 		h.doneAt.Store(mono())
 		err := l.Err()
-		if !errors.Is(err, dlock.ErrLeaseLost) || deadlineLoss(err) {
+		// Inspect reads a Mutex's hold: the rw and multi workloads do not measure false losses.
+		if !errors.Is(err, dlock.ErrLeaseLost) || deadlineLoss(err) || w.spec.Workload == "rw" || w.spec.Workload == "multi" {
 			return
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -252,6 +260,14 @@ func (h *held) deadline(ttl time.Duration) int64 {
 // round takes lock i, works on its resource and releases it.
 func (w *worker) round(i int) {
 	s := w.spec
+	switch s.Workload {
+	case "rw":
+		w.roundRW(i)
+		return
+	case "multi":
+		w.roundMulti(i)
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.OpTimeout)
 	defer cancel()
 	h := w.acquire(ctx, i)

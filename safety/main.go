@@ -6,8 +6,11 @@
 // owner-aware fenced mutex model, and counters measure overlapping validity windows, stale
 // writes accepted, lost updates, releases of another owner's lock and leases handed out
 // already expired. What dlock guarantees counts as violations; the documented limits are
-// reported as expected figures. Weakened clients (SET NX + plain DEL; writes without the
-// token check; a clock without monotonic readings) are the positive controls: if one shows no
+// reported as expected figures. RWMutex (readers may overlap readers, nothing else may) and
+// MultiLock (each member an exclusive lease beside plain Mutexes on the same names) run under
+// the same faults. Weakened clients (SET NX + plain DEL; writes without the token check; a
+// clock without monotonic readings; writers that take a read lease; multi-locks taken one
+// member at a time with one released at once) are the positive controls: if one shows no
 // violation, the harness is not sensitive enough and the run fails.
 //
 //	cd safety && go run .            # full run, writes ../docs/SAFETY.md
@@ -29,7 +32,7 @@ import (
 func main() {
 	client := flag.String("client", "", "run as a client process with this JSON spec (internal)")
 	out := flag.String("out", "", "write SAFETY.md and safety.jsonl into this directory")
-	only := flag.String("only", "", "run only scenarios whose name contains this")
+	only := flag.String("only", "", "run only scenarios whose name matches this regular expression (a plain part of a name will do)")
 	seed := flag.Int64("seed", 0, "base seed of the nemeses' and clients' random choices (default: from the clock); scenario i uses seed+i")
 	dur := flag.Duration("dur", 0, "run each scenario this long instead of the default (for trying things out)")
 	html := flag.String("html", "out", "write porcupine's visualisation of an illegal history into this directory")

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -25,7 +26,7 @@ func safeLease(ttl time.Duration) int64 { return int64(float64(ttl) * (1 - drift
 // A scenario is one workload under one fault.
 type scenario struct {
 	Name     string `json:"name"`
-	Workload string `json:"workload"` // "fenced" or "lockset"
+	Workload string `json:"workload"` // "fenced", "lockset", "rw" (RWMutex) or "multi" (MultiLock beside Mutexes)
 	Fault    string `json:"fault"`    // "", "F1", "F2", "F3", "F4", "F5", "F6-restart", "F6-aof", "F6-delayed", "F9", "notify", "cluster-failover", "cluster-kill"
 	Weak     string `json:"control,omitempty"`
 	// Catch lists what a control must show (kinds dlock guarantees in the scenario it mirrors)
@@ -50,6 +51,8 @@ type scenario struct {
 	Cluster bool `json:"cluster,omitempty"`
 	// OpTimeout bounds each round (default 2s): longer where Lock must wait out a failover.
 	OpTimeout time.Duration `json:"op_timeout,omitempty"`
+	// FullOnly leaves the scenario out of the quick run (CI's time budget).
+	FullOnly bool `json:"full_only,omitempty"`
 	// FullDur and QuickDur, when set, replace the run's scenario duration.
 	FullDur  time.Duration `json:"full_dur,omitempty"`
 	QuickDur time.Duration `json:"quick_dur,omitempty"`
@@ -63,6 +66,10 @@ type scenario struct {
 // all is every kind of violation the checker counts (but "unexplained", which only means
 // something where a fault may lose acknowledged writes).
 var all = []string{"overlaps", "double", "tokens", "stale", "lost", "foreign", "expired", "illegal", "false", "reentry"}
+
+// primitives is what the rw and multi workloads check (they touch no resource and do not
+// read the hold back after a loss).
+var primitives = []string{"overlaps", "double", "tokens", "foreign", "expired", "illegal"}
 
 func except(drop ...string) []string {
 	var out []string
@@ -118,6 +125,29 @@ var scenarios = []scenario{
 		Guarantee: []string{"tokens", "stale", "foreign", "expired", "false", "reentry", "unexplained"},
 		Expected:  []string{"overlaps", "double", "illegal"},
 		About:     "the same Cluster, a master that owns one of the locks killed (SIGKILL), its replica promoted by the cluster (about 2s), the killed node restarted to rejoin as a replica; replication is asynchronous, so a lock the replica missed can be granted twice (documented, counted as expected), but not a lock whose hold no kill spanned (unexplained), and no lease may end while its hold survives"},
+	// Issue 10: RWMutex and MultiLock under the faults whose guarantees they share with Mutex.
+	{Name: "rw-F1", Workload: "rw", Fault: "F1", FullDur: 30 * time.Second, Guarantee: primitives,
+		About: "RWMutex, half the rounds RLock and half Lock, holders paused (SIGSTOP) for 0.5-3 x TTL: no writer's window overlaps another lease's (reader or writer), readers may overlap readers, a write token is above every earlier lease's and a reader's above every earlier writer's"},
+	{Name: "rw-F5", Workload: "rw", Fault: "F5", FullOnly: true, FullDur: 30 * time.Second, Guarantee: primitives,
+		About: "RWMutex readers and writers, Redis paused (SIGSTOP) for 1.5 x TTL"},
+	{Name: "rw-F6-aof", Workload: "rw", Fault: "F6-aof", FullOnly: true, FullDur: 30 * time.Second, Guarantee: primitives,
+		About: "RWMutex readers and writers, Redis killed and restarted with appendfsync always (without persistence a restart forgets read and write holds alike, as F6-restart shows for Mutex)"},
+	{Name: "rw-cluster-failover", Workload: "rw", Fault: "cluster-failover", Cluster: true, Renew: true, TTL: 2 * time.Second, WorkTTL: 0.25,
+		OpTimeout: 10 * time.Second, FullOnly: true, FullDur: 45 * time.Second, Guarantee: primitives,
+		About: "RWMutex readers and writers on the Redis Cluster of cluster-failover-fenced (one goroutine per process, no cohorting, the watchdog renewing), graceful failovers about every second"},
+	{Name: "multi-F1", Workload: "multi", Fault: "F1", FullOnly: true, FullDur: 30 * time.Second, Guarantee: primitives,
+		About: "half the rounds a MultiLock over 2-3 of the locks, half a plain Mutex on one of the same names, holders paused (SIGSTOP) for 0.5-3 x TTL: each member of a multi-lock lease counts as an exclusive lease on that lock (with its member token), so no multi-lock window may overlap a Mutex's or another multi-lock's on any member"},
+	{Name: "multi-F5", Workload: "multi", Fault: "F5", FullDur: 30 * time.Second, Guarantee: primitives,
+		About: "MultiLock and Mutex holders on the same names, Redis paused (SIGSTOP) for 1.5 x TTL"},
+	{Name: "multi-F6-aof", Workload: "multi", Fault: "F6-aof", FullOnly: true, FullDur: 30 * time.Second, Guarantee: primitives,
+		About: "MultiLock and Mutex holders, Redis killed and restarted with appendfsync always"},
+	{Name: "multi-cluster-failover", Workload: "multi", Fault: "cluster-failover", Cluster: true, Renew: true, TTL: 2 * time.Second, WorkTTL: 0.25,
+		OpTimeout: 10 * time.Second, FullOnly: true, FullDur: 45 * time.Second, Guarantee: primitives,
+		About: "MultiLock (members on different masters as a rule) and Mutex holders on the Redis Cluster, graceful failovers about every second"},
+	{Name: "control-rw-F1", Workload: "rw", Fault: "F1", Weak: "readwriter", FullDur: 30 * time.Second, Catch: []string{"overlaps", "double", "illegal"},
+		About: "control: rw-F1 with writers that take only a read lease (RLock) and write as if alone"},
+	{Name: "control-multi-F1", Workload: "multi", Fault: "F1", Weak: "early", FullDur: 30 * time.Second, Catch: []string{"overlaps", "double", "illegal"},
+		About: "control: multi-F1 with multi-locks taken one member at a time with Mutexes (not all or nothing), the last member released at once while the holder goes on as if it held them all"},
 	{Name: "control-default-lockset", Workload: "lockset", Default: true, Renew: true, WorkTTL: 0.02, Weak: "shared", Catch: []string{"overlaps", "double", "tokens", "lost", "illegal"},
 		About: "control: the default mode with goroutines that do not exclude each other (a goroutine re-enters the lease another goroutine of its process holds, as if holders were processes, not goroutines)"},
 	{Name: "control-F1-lockset", Workload: "lockset", Fault: "F1", Weak: "nodel", Catch: []string{"overlaps", "double", "foreign", "illegal"},
@@ -224,9 +254,13 @@ func paramsFor(quick bool, dur time.Duration, htmlDir string) params {
 }
 
 func runAll(p params, only string, seed int64) ([]result, error) {
+	match, err := regexp.Compile(only)
+	if err != nil {
+		return nil, fmt.Errorf("-only: %w", err)
+	}
 	var results []result
 	for i, s := range scenarios {
-		if only != "" && !strings.Contains(s.Name, only) {
+		if !match.MatchString(s.Name) || p.quick && s.FullOnly {
 			continue
 		}
 		r, err := runScenario(s, p, seed+int64(i))
