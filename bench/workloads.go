@@ -345,7 +345,7 @@ func (rp *report) mixSections(b *strings.Builder) {
 				"redsync `Mutex.LockContext` (`WithRetryDelay(D)`, called again when it gives up) or bsm/redislock `Obtain` "+
 				"(`LinearBackoff(D)`) per name, in sorted name order, holding the earlier ones; released in reverse. "+
 				"**deadlocks**: lock calls not done after %v, given up (a correct lock never gets there; a deadlock would "+
-				"never end). **lost** = increments made − the final counters, over all %d names. *ops/s* counts operations, not names.\n\n",
+				"never end; in runs shorter than that, a stuck call shows as a cut wait in *wait max*). **lost** = increments made − the final counters, over all %d names. *ops/s* counts operations, not names.\n\n",
 				multiNames, stuckAfter, multiNames)
 			p("| library | ops/s | wait p50 | wait p99 | wait max | Jain | deadlocks | lost | cmds/op | CPU µs/op | errors |\n")
 			p("|---|---|---|---|---|---|---|---|---|---|---|\n")
