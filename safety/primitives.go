@@ -138,20 +138,14 @@ func (w *worker) holdAndRelease(ctx context.Context, h *held) {
 	}
 	h.deadline(s.TTL)
 	rc := mono()
-	err := h.lease.Unlock(ctx)
-	for _, e := range h.extra {
-		_ = e.Unlock(ctx) // the early control's other members (one of them released already)
+	res := []string{outcomeOf(h.lease.Unlock(ctx), "fail")}
+	for _, e := range h.extra { // the early control's other members: each Unlock says for its own
+		res = append(res, outcomeOf(e.Unlock(ctx), "fail"))
 	}
-	res := outcomeOf(err, "fail")
 	w.finish(h)
 	if h.members == nil {
-		w.rec(op{Lock: h.lock, Kind: "release", Call: rc, Return: mono(), Token: h.acq.Token, Acq: h.acq.Call, Result: res})
+		w.rec(op{Lock: h.lock, Kind: "release", Call: rc, Return: mono(), Token: h.acq.Token, Acq: h.acq.Call, Result: res[0]})
 		return
-	}
-	// A multi-lock's Unlock fails as a whole when one member was gone, yet releases the
-	// others: which members it released is not known here.
-	if res == "fail" {
-		res = "unknown"
 	}
 	ret := mono()
 	for k, j := range h.members {
@@ -160,7 +154,16 @@ func (w *worker) holdAndRelease(ctx context.Context, h *held) {
 			a.Lock, a.Token = j, h.tokens[k]
 			w.rec(a)
 		}
-		w.rec(op{Lock: j, Kind: "release", Call: rc, Return: ret, Token: h.tokens[k], Acq: h.acq.Call, Result: res})
+		r := res[0]
+		if h.extra != nil {
+			r = res[k]
+		} else if r == "fail" && !h.acq.Lost {
+			// A multi-lock's Unlock fails as a whole when one member was gone, yet releases
+			// the others: which it released is not known. (Once the lease was seen lost, dlock
+			// gave them back already: memberEnd ends their holds at DoneAt, and "fail" stands.)
+			r = "unknown"
+		}
+		w.rec(op{Lock: j, Kind: "release", Call: rc, Return: ret, Token: h.tokens[k], Acq: h.acq.Call, Result: r})
 	}
 }
 
