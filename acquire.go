@@ -25,13 +25,13 @@ const lateRetry = 10 * time.Millisecond
 const leaveTimeout = time.Second
 
 // lockWith runs a primitive's lock call take for ref: a done ctx gets no lease, a ctx holding
-// a lease of the lock re-enters it (when access allows), and a lease obtained while ctx ended
-// is given back.
+// a lease of the lock re-enters it (when access allows; a ref without a lock key, a
+// MultiLock's, never re-enters), and a lease obtained while ctx ended is given back.
 func (c *Client) lockWith(ctx context.Context, ref lockRef, a access, take func() (*Lease, error)) (*Lease, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, notObtained(ref.name, err)
 	}
-	if hd := reentered(ctx, ref); hd != nil {
+	if hd := reentered(ctx, ref); hd != nil && ref.lock != "" {
 		return hd.reenter(ctx, ref, a)
 	}
 	l, err := take()
@@ -239,7 +239,8 @@ func (c *Client) waitHold(ctx context.Context, s holdSpec, contended bool) (*hol
 			failing, backoff = nil, 0
 		default:
 			leave() // it may have joined the queue: a grant must not wait for it
-			if ctx.Err() != nil && failing != nil {
+			if ctx.Err() != nil && (failing != nil || errors.Is(err, ErrNotObtained)) {
+				// The ctx ended during the attempt: say so, as the documented contract has it.
 				return nil, notObtained(s.name, ctx.Err(), failing)
 			}
 			return nil, err

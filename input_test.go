@@ -87,3 +87,21 @@ func TestNoReplicasIsUnavailable(t *testing.T) {
 		t.Fatalf("%d keys written by a refused script", n)
 	}
 }
+
+// A Lock whose ctx ends while an attempt is in flight still reports the ctx's end, as its
+// contract says (found through the demo's nested-lock timeouts).
+func TestLockTimeoutAlwaysSaysDeadlineExceeded(t *testing.T) {
+	c, _ := newClient(t, dlock.WithoutCohort())
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	held := must(t)(c.Mutex(name).Lock(ctx))
+	defer held.Unlock(ctx)
+	for i := range 200 {
+		wctx, cancel := context.WithTimeout(ctx, time.Duration(200+i*7)*time.Microsecond)
+		_, err := c.Mutex(name).Lock(wctx)
+		cancel()
+		if !errors.Is(err, dlock.ErrNotObtained) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Lock %d with its ctx ended: %v, want ErrNotObtained and DeadlineExceeded", i, err)
+		}
+	}
+}
