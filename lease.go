@@ -47,6 +47,7 @@ type Lease struct {
 type holding struct {
 	h     *hold
 	more  []*hold // a MultiLock's other member holds (h is the first): the holding is all of them
+	multi bool    // a MultiLock's holding (even of one member): never re-entered
 	co    *cohort // non-nil when h is the Client's cohort hold, passed on locally
 	token uint64
 
@@ -120,7 +121,7 @@ func (hd *holding) first(ctx context.Context, ref lockRef) *Lease {
 // taken with access a: a read lease inside a write lease, never a write lease inside a read
 // lease (ErrInvalid), and a mutex never inside a read-write lock or the reverse.
 func (hd *holding) reenter(ctx context.Context, ref lockRef, a access) (*Lease, error) {
-	if len(hd.more) > 0 {
+	if hd.multi {
 		return nil, fmt.Errorf("%w: lock %q: the context holds it through a MultiLock, which is not re-entered", ErrInvalid, ref.name)
 	}
 	if why := hd.h.access.reentry(a); why != "" {
@@ -185,7 +186,7 @@ func (l *Lease) Tokens() map[string]uint64 {
 	if l == nil {
 		return nil
 	}
-	if len(l.hd.more) == 0 {
+	if !l.hd.multi {
 		return map[string]uint64{l.ref.name: l.token}
 	}
 	m := make(map[string]uint64, 1+len(l.hd.more))
@@ -252,7 +253,10 @@ func (l *Lease) Context() context.Context {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.ctx == nil {
-		base := context.WithValue(context.WithoutCancel(l.lockCx), reentryKey{l.ref.c, l.ref.lock}, l.hd)
+		base := context.WithoutCancel(l.lockCx)
+		for _, h := range l.hd.holds() { // every lock the lease holds: a MultiLock's members too
+			base = context.WithValue(base, reentryKey{l.ref.c, h.keys.lock}, l.hd)
+		}
 		l.ctx, l.cancel = context.WithCancelCause(base)
 		if l.state == leaseEnded {
 			l.cancel(l.err)

@@ -27,12 +27,15 @@ const multiPatience = time.Second
 // others again. So a Mutex on a free member waits for a waiting MultiLock at most one such
 // pass. After waiting multiPatience (1s) it stops giving way: it takes the members in name
 // order, waiting in each one's queue and keeping what it has, which every MultiLock does in the
-// same order, so two of them never wait for each other.
+// same order, so two of them never wait for each other. (Code that nests plain Mutexes on the
+// same names in another order can still deadlock with it then, as with any ordered locking.)
 //
 // The lease is the same *Lease as a Mutex's, over all members: it is lost as soon as any member
 // is lost (the others are then released), Extend and Unlock act on every member, Remaining is
-// the least of theirs, and Tokens gives each member's fencing token. A MultiLock lease is not
-// re-entered through its context.
+// the least of theirs, and Tokens gives each member's fencing token (Token is 0). An Extend that
+// fails on one member may have extended the members before it. A MultiLock lease is not
+// re-entered through its context: a Mutex or MultiLock given that context on one of its
+// members gets ErrInvalid at once; other locks are taken as usual.
 type MultiLock struct {
 	c     *Client
 	names []string // sorted
@@ -99,6 +102,12 @@ func (ml *MultiLock) lock(ctx context.Context, wait bool) (*Lease, error) {
 		return nil, ml.err
 	}
 	ref := lockRef{c: ml.c, name: strings.Join(ml.names, ",")} // no lock key: never re-entered
+	for i, k := range ml.keys {
+		// A member the caller's context already holds would be waited for by the caller itself.
+		if reentered(ctx, lockRef{ml.c, ml.names[i], k.lock}) != nil {
+			return nil, fmt.Errorf("%w: MultiLock member %q is held by a lease of the context", ErrInvalid, ml.names[i])
+		}
+	}
 	return ml.c.lockWith(ctx, ref, accessMutex, func() (*Lease, error) {
 		owner := callOwner(ml.cfg, ml.Owner, &ml.seq)
 		specs := make([]holdSpec, len(ml.names))
@@ -109,7 +118,9 @@ func (ml *MultiLock) lock(ctx context.Context, wait bool) (*Lease, error) {
 		if err != nil {
 			return nil, err
 		}
-		return newHolding(hs[0], nil, 0, hs[1:]...).first(ctx, ref), nil
+		hd := newHolding(hs[0], nil, 0, hs[1:]...)
+		hd.multi = true
+		return hd.first(ctx, ref), nil
 	})
 }
 
@@ -117,10 +128,19 @@ func (ml *MultiLock) lock(ctx context.Context, wait bool) (*Lease, error) {
 func (c *Client) takeAll(ctx context.Context, specs []holdSpec, wait bool) ([]*hold, error) {
 	taken := make([]*hold, len(specs))
 	start := c.now()
+	backoff := time.Duration(0)
 	for blocking := -1; ; {
 		if blocking >= 0 {
 			if c.since(start) >= multiPatience {
-				return c.takeInOrder(ctx, specs)
+				hs, err := c.takeInOrder(ctx, specs)
+				if err != nil || allValid(hs) {
+					return hs, err
+				}
+				// A member taken early ended while a later one was awaited (a fixed lease ran
+				// out, a renewal failed): start again.
+				c.giveBack(hs)
+				start, blocking = c.now(), -1
+				continue
 			}
 			// Wait in the taken member's queue: a release hands it to us and wakes us.
 			h, err := c.waitHold(ctx, specs[blocking], true)
@@ -138,17 +158,59 @@ func (c *Client) takeAll(ctx context.Context, specs []holdSpec, wait bool) ([]*h
 			if err != nil {
 				c.giveBack(taken)
 				clear(taken)
-				if !wait || !errors.Is(err, ErrNotObtained) || ctx.Err() != nil {
+				if !wait || ctx.Err() != nil {
 					return nil, err
 				}
-				blocking = i
+				switch {
+				case errors.Is(err, ErrUnavailable):
+					// Wait it out as Lock does (a failover): back off, then a new pass.
+					backoff = min(max(2*backoff, minUnavailableRetry), maxUnavailableRetry)
+					if werr := sleepCtx(ctx, c, backoff); werr != nil {
+						return nil, notObtained(s.name, werr, err)
+					}
+					blocking = -2
+				case errors.Is(err, ErrNotObtained):
+					backoff, blocking = 0, i
+				default:
+					return nil, err
+				}
 				break
 			}
 			taken[i] = h
 		}
-		if blocking < 0 {
+		switch {
+		case blocking == -2:
+			blocking = -1
+		case blocking < 0 && allValid(taken):
 			return taken, nil
+		case blocking < 0:
+			c.giveBack(taken) // a member ended during the pass: start again
+			clear(taken)
 		}
+	}
+}
+
+// allValid reports whether every hold is still certainly held.
+func allValid(hs []*hold) bool {
+	for _, h := range hs {
+		if !h.valid() {
+			return false
+		}
+	}
+	return true
+}
+
+// sleepCtx waits d, or until ctx ends or the Client closes (its error then).
+func sleepCtx(ctx context.Context, c *Client, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-c.bg.Done():
+		return ErrClosed
+	case <-t.C:
+		return nil
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/internal/redistest"
+	"github.com/redis/go-redis/v9"
 )
 
 // A MultiLock gets every member or none: a taken member makes TryLock give back the others.
@@ -194,4 +195,93 @@ func TestMultiLockAcrossClusterSlots(t *testing.T) {
 	}
 	l2 := must(t)(c.MultiLock(names).TryLock(ctx))
 	_ = l2.Unlock(ctx)
+}
+
+// Contexts and MultiLocks (found by review): a MultiLock lease's context never lets another
+// MultiLock or a Mutex "re-enter" what it does not hold, nested MultiLocks on other names work,
+// and a one-name MultiLock has its member's token.
+func TestMultiLockContexts(t *testing.T) {
+	c, _ := newClient(t)
+	other := dlock.New(redistest.Client(t))
+	defer other.Close(context.Background())
+	ctx := ctxT(t)
+	n := redistest.Name(t)
+	a, b, x, y := n+"a", n+"b", n+"x", n+"y"
+	hb := must(t)(other.Mutex(b).Lock(ctx))
+	la := must(t)(c.MultiLock([]string{a}).Lock(ctx))
+	if la.Tokens()[a] == 0 {
+		t.Fatalf("one-name MultiLock Tokens %v", la.Tokens())
+	}
+	if l, err := c.MultiLock([]string{b}).TryLock(la.Context()); err == nil {
+		t.Fatalf("a MultiLock on %s, held elsewhere, was granted through another MultiLock's context (Err %v)", b, l.Err())
+	}
+	_ = hb.Unlock(ctx)
+	lab := must(t)(c.MultiLock([]string{b}).Lock(la.Context()))
+	lxy := must(t)(c.MultiLock([]string{x, y}).Lock(lab.Context())) // nested, other names
+	start := time.Now()
+	if _, err := c.Mutex(a).Lock(la.Context()); !errors.Is(err, dlock.ErrInvalid) {
+		t.Fatalf("Mutex on a member inside the MultiLock's context: %v, want ErrInvalid", err)
+	}
+	if _, err := c.MultiLock([]string{a, x}).Lock(la.Context()); !errors.Is(err, dlock.ErrInvalid) {
+		t.Fatalf("MultiLock over a member the context holds: %v, want ErrInvalid", err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("refusals took %v, want at once", d)
+	}
+	for _, l := range []*dlock.Lease{lxy, lab, la} {
+		if err := l.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// In ordered mode a member taken early can end (here a fixed lease runs out) while a later one
+// is awaited: Lock must not return a lease then, but take the members again (found by review).
+func TestMultiLockNeverReturnsALostMember(t *testing.T) {
+	c, _ := newClient(t)
+	other := dlock.New(redistest.Client(t), dlock.WithoutCohort())
+	defer other.Close(context.Background())
+	ctx := ctxT(t)
+	n := redistest.Name(t)
+	a, b := n+"a", n+"b"
+	ha, hb := must(t)(other.Mutex(a).Lock(ctx)), must(t)(other.Mutex(b).Lock(ctx))
+	res := make(chan rwResult, 1)
+	go func() {
+		l, err := c.MultiLock([]string{a, b}, dlock.WithFixedLease(), dlock.WithTTL(time.Second)).Lock(ctx)
+		res <- rwResult{l, err}
+	}()
+	waitQueued(t, c, a, 1)
+	time.Sleep(1100 * time.Millisecond) // past the MultiLock's patience: it then takes members in order
+	_ = ha.Unlock(ctx)
+	waitQueued(t, c, b, 1) // holds a (fixed, 1s) and waits for b
+	var ha2 *dlock.Lease
+	for deadline := time.Now().Add(5 * time.Second); ha2 == nil; time.Sleep(20 * time.Millisecond) {
+		ha2, _ = other.Mutex(a).TryLock(ctx) // free once the MultiLock's fixed lease on a ran out
+		if time.Now().After(deadline) {
+			t.Fatal("a never became free")
+		}
+	}
+	_ = hb.Unlock(ctx)
+	waitQueued(t, c, a, 1) // took b, found a lost, gave b back and waits for a again
+	notYet(t, "MultiLock while another owner holds a member", res)
+	_ = ha2.Unlock(ctx)
+	l := got(t, "MultiLock", res)
+	if l.Err() != nil {
+		t.Fatalf("MultiLock returned an ended lease: %v", l.Err())
+	}
+	_ = l.Unlock(ctx)
+}
+
+// While Redis is unavailable, Lock waits it out within ctx as Mutex.Lock does (found by review).
+func TestMultiLockWaitsOutUnavailability(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
+	defer rdb.Close()
+	c := dlock.New(rdb)
+	defer c.Close(context.Background())
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	_, err := c.MultiLock([]string{"a", "b"}).Lock(ctx)
+	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, dlock.ErrUnavailable) {
+		t.Fatalf("MultiLock.Lock with Redis down: %v, want the ctx's end and ErrUnavailable", err)
+	}
 }
