@@ -309,10 +309,11 @@ func TestRunReadAndWrite(t *testing.T) {
 	}
 }
 
-// `run A B -- cmd` holds both locks (a multi-lock) and passes each token in DLOCK_TOKENS.
+// `run --lock A --lock B -- cmd` holds both locks (a multi-lock) and passes each token in
+// DLOCK_TOKENS; `run NAME cmd ... -- x` still runs `cmd ... -- x` under NAME.
 func TestRunMultiLock(t *testing.T) {
 	a, b := uniqueName(t)+"a", uniqueName(t)+"b"
-	code, out, errs := runDlock(t, "run", b, a, "--", "sh", "-c", `echo "$DLOCK_NAME $DLOCK_TOKENS"`)
+	code, out, errs := runDlock(t, "run", "--lock", b, "--lock", a, "--", "sh", "-c", `echo "$DLOCK_NAME $DLOCK_TOKENS"`)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errs)
 	}
@@ -321,10 +322,13 @@ func TestRunMultiLock(t *testing.T) {
 		t.Fatalf("command saw %q, want NAMES and name=token pairs", out)
 	}
 	_, _, _ = startRun(t, a)
-	if code, _, errs := runDlock(t, "run", "--no-wait", a, b, "--", "true"); code != exitConflict {
+	if code, _, errs := runDlock(t, "run", "--no-wait", "--lock", a, "--lock", b, "--", "true"); code != exitConflict {
 		t.Fatalf("multi-lock with a member held: exit %d, want %d: %s", code, exitConflict, errs)
 	}
 	if code, _, _ := runDlock(t, "run", "--no-wait", b, "--", "true"); code != 0 {
 		t.Fatalf("the free member was kept by the refused multi-lock: exit %d", code)
+	}
+	if code, out, errs := runDlock(t, "run", b, "echo", "x", "--", "y"); code != 0 || strings.TrimSpace(out) != "x -- y" {
+		t.Fatalf("run NAME echo x -- y: exit %d, out %q, %s", code, out, errs)
 	}
 }

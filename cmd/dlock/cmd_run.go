@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"os/signal"
 	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -23,7 +22,7 @@ import (
 // and exit with the command's code. If the lease is lost the command gets SIGTERM, then
 // SIGKILL after --grace, and dlock exits with exitLost.
 func runCommand(args []string, stdout, stderr io.Writer) int {
-	fs, common := newFlagSet("run", "run [flags] NAME [NAME...] -- COMMAND [ARGS...]\n\nSeveral NAMEs are taken together, all or nothing (a multi-lock).", stderr)
+	fs, common := newFlagSet("run", "run [flags] NAME -- COMMAND [ARGS...]\n       run [flags] --lock NAME --lock NAME... -- COMMAND [ARGS...]\n\nSeveral --lock NAMEs are taken together, all or nothing (a multi-lock).", stderr)
 	wait := fs.Duration("wait", 0, "give up after waiting this long for the lock (default: wait forever)")
 	noWait := fs.Bool("no-wait", false, "fail at once if the lock is held")
 	ttl := fs.Duration("ttl", dlock.DefaultTTL, "lease TTL; renewed every TTL/3 while the command runs")
@@ -32,6 +31,8 @@ func runCommand(args []string, stdout, stderr io.Writer) int {
 	grace := fs.Duration("grace", 10*time.Second, "time between SIGTERM and SIGKILL when the lease is lost")
 	read := fs.Bool("read", false, "take NAME as a read-write lock, to read: shared with other --read runs")
 	write := fs.Bool("write", false, "take NAME as a read-write lock, to write: alone, excluding --read runs")
+	var locks nameList
+	fs.Var(&locks, "lock", "a lock to take (repeat it: the locks are taken together, all or nothing); replaces NAME")
 	if err := parse(fs, args); err != nil {
 		return report(err, stderr)
 	}
@@ -39,18 +40,19 @@ func runCommand(args []string, stdout, stderr io.Writer) int {
 		return report(usageError{"--read and --write exclude each other", "dlock run --read config:pricing -- ./serve"}, stderr)
 	}
 	rest := fs.Args()
-	if len(rest) < 2 {
-		return report(usageError{"run needs a lock NAME and a COMMAND", "dlock run nightly-cleanup -- /usr/local/bin/cleanup --all"}, stderr)
-	}
-	names, command := rest[:1], rest[1:]
-	if i := slices.Index(rest, "--"); i >= 0 {
-		names, command = rest[:i], rest[i+1:]
-	}
+	names := []string(locks)
 	if len(names) == 0 {
-		return report(usageError{"run needs a lock NAME before --", "dlock run nightly-cleanup -- /usr/local/bin/cleanup --all"}, stderr)
+		if len(rest) < 2 {
+			return report(usageError{"run needs a lock NAME and a COMMAND", "dlock run nightly-cleanup -- /usr/local/bin/cleanup --all"}, stderr)
+		}
+		names, rest = rest[:1], rest[1:]
+	}
+	command := rest
+	if len(command) > 0 && command[0] == "--" {
+		command = command[1:]
 	}
 	if len(names) > 1 && (*read || *write) {
-		return report(usageError{"--read and --write take one NAME, not a multi-lock", "dlock run --read config:pricing -- ./serve"}, stderr)
+		return report(usageError{"--read and --write take one lock, not a multi-lock", "dlock run --read config:pricing -- ./serve"}, stderr)
 	}
 	name := strings.Join(names, ",")
 	if len(command) == 0 {
@@ -164,6 +166,12 @@ func runCommand(args []string, stdout, stderr io.Writer) int {
 	}
 	return code
 }
+
+// names collects a repeated string flag.
+type nameList []string
+
+func (n *nameList) String() string     { return strings.Join(*n, ",") }
+func (n *nameList) Set(v string) error { *n = append(*n, v); return nil }
 
 // tokensEnv is DLOCK_TOKENS: name=token for every lock the lease holds, comma-separated, in
 // the order of names.
