@@ -55,6 +55,7 @@ func writeReport(dir string, results []result, info runInfo) error {
 	p("The *primitive* scenarios (`rw-*`, `multi-*`, issue 10) touch no resource: in `rw-*` half the rounds take an `RWMutex` with `RLock` and half with `Lock`; ")
 	p("in `multi-*` half the rounds take a `MultiLock` over 2-3 of the locks and half a plain `Mutex` on one of the same names, and each member of a multi-lock lease counts as an exclusive lease on that lock with its member token (`Lease.Tokens`). ")
 	p("Readers may overlap readers; every other pair of windows on a lock is counted as an overlap or double grant; porcupine checks the exclusive leases (writers, Mutexes, members) against the mutex model. ")
+	p("There a multi-lock lease counts once per member in *acquisitions*, and false losses and re-entry are not measured (their columns read 0). ")
 	p("Scenarios run %v each (F1: %v) unless they say otherwise below. ", pp.dur, pp.longDur)
 	p("Every operation is recorded with its call and return times on `CLOCK_MONOTONIC` (one clock for all processes), its fencing token and ok / fail / unknown (a lost reply).\n\n")
 
