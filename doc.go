@@ -35,6 +35,12 @@
 // lease's context re-enters it; Lock given a read lease's context fails with ErrInvalid (no
 // upgrade). A name is either a Mutex or an RWMutex: the other kind gets ErrInvalid.
 //
+// A MultiLock (Client.MultiLock) takes several locks together, all or nothing, in any order of
+// names, without deadlock among MultiLocks: it takes every free member in one pass, and when a
+// member is taken gives the others back and waits in that member's queue; after a second it
+// takes the members in name order. Its lease covers every member (Lease.Tokens gives each
+// token) and is lost with any of them.
+//
 // Waiting is fair: goroutines of one Client queue locally and are handed the lock without a
 // Redis round trip in bounded batches (cohorting); processes wait in a FIFO kept in Redis,
 // where a release hands the lock to the next live waiter and wakes only it.

@@ -138,3 +138,31 @@ func ExampleRWMutex() {
 	// writer token above the readers': true
 	// unlock: <nil>
 }
+
+// A MultiLock takes several locks together, all or nothing, whatever order the names come in:
+// two transfers between the same accounts in opposite directions never deadlock.
+func ExampleMultiLock() {
+	ctx := context.Background()
+	opt, err := redis.ParseURL(os.Getenv("REDIS_URL"))
+	if err != nil {
+		panic(err)
+	}
+	rdb := redis.NewClient(opt)
+	defer rdb.Close()
+	c := dlock.New(rdb)
+	defer c.Close(ctx)
+
+	l, err := c.MultiLock([]string{"example:account:7", "example:account:1"}).Lock(ctx)
+	if err != nil {
+		fmt.Println("not locked:", err)
+		return
+	}
+	_, err = c.Mutex("example:account:1").TryLock(ctx)
+	fmt.Println("a member is taken:", errors.Is(err, dlock.ErrNotObtained))
+	fmt.Println("tokens:", len(l.Tokens())) // pass each to its account's store
+	fmt.Println("unlock:", l.Unlock(ctx))
+	// Output:
+	// a member is taken: true
+	// tokens: 2
+	// unlock: <nil>
+}
