@@ -441,7 +441,9 @@ func (rp *report) mixTargets(row func(t, d, ref, res string)) {
 				n++
 			}
 		}
+		// The target is dlock's; a peer's call over the bound is a slow chain (ordered chains
+		// cannot deadlock), shown for comparison.
 		row("multi-lock 4×8: deadlocks and lost updates (0)", fmt.Sprintf("%d deadlocks, %d lost", *d.Deadlocks, *d.LostIncrements),
-			fmt.Sprintf("all %d runs: %d deadlocks, %d lost", n, dl, lost), check(dl == 0 && lost == 0))
+			fmt.Sprintf("all %d runs: %d calls over the bound, %d lost", n, dl, lost), check(*d.Deadlocks == 0 && *d.LostIncrements == 0))
 	}
 }
