@@ -16,8 +16,9 @@ const (
 	leaseEnded
 )
 
-// A Lease is one hold of a lock, returned by Mutex.Lock and Mutex.TryLock. It stays valid
-// until Unlock or until it is lost; Done tells which moment that is.
+// A Lease is one hold of a lock, returned by the lock calls of Mutex, RWMutex (a read or a
+// write lease) and MultiLock (a lease on every member). It stays valid until Unlock or until
+// it is lost; Done tells which moment that is.
 //
 // A Lease is safe for concurrent use. Work protected by the lock should stop when Done closes
 // (or, equivalently, when Context is cancelled): from then on another owner may hold the lock.
