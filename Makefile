@@ -38,7 +38,7 @@ test-ha: redis-server
 
 # Side-by-side benchmarks against peer libraries (bench/ is its own module); writes
 # docs/BENCHMARKS.md, docs/bench.jsonl and docs/chart.png. Set PG_URL to include PostgreSQL
-# advisory locks. About 3 minutes.
+# advisory locks. About 4 minutes.
 bench: redis-server
 	cd bench && $(GO) run . -out ../docs
 
