@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -59,13 +60,35 @@ func (c *Client) plainLease(ctx context.Context, ref lockRef, s holdSpec, wait b
 	return newHolding(h, nil, h.token).first(ctx, ref), nil
 }
 
-// callOwner returns the Redis owner id of one lock call on a handle: the WithOwner id, or the
-// handle's id with a sequence number, so goroutines sharing a handle are different owners.
-func callOwner(cfg config, handleID func() string, seq *atomic.Uint64) string {
-	if cfg.ownerSet {
-		return cfg.owner
+// ownerIDs are a handle's owner ids (every primitive's handle has one): the WithOwner id, or
+// a random id made on first use, and per lock call an id of its own.
+type ownerIDs struct {
+	id    string // the WithOwner id, or "" until made
+	fixed bool   // WithOwner: every call is that owner
+	once  sync.Once
+	seq   atomic.Uint64
+}
+
+// init sets the ids from a handle's configuration, before the handle is shared.
+func (o *ownerIDs) init(cfg config) { o.id, o.fixed = cfg.owner, cfg.ownerSet }
+
+// handle returns the handle's id: the WithOwner id, or a random 128-bit one made on first use.
+func (o *ownerIDs) handle() string {
+	o.once.Do(func() {
+		if o.id == "" {
+			o.id = newOwnerID()
+		}
+	})
+	return o.id
+}
+
+// call returns the Redis owner id of one lock call: the WithOwner id, or the handle's id with
+// a sequence number, so goroutines sharing a handle are different owners.
+func (o *ownerIDs) call() string {
+	if o.fixed {
+		return o.id
 	}
-	return handleID() + "." + strconv.FormatUint(seq.Add(1), 36)
+	return o.handle() + "." + strconv.FormatUint(o.seq.Add(1), 36)
 }
 
 // holdSpec says which hold to take: lock, owner and configuration.

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -43,9 +41,7 @@ type MultiLock struct {
 	cfg   config
 	err   error // bad names or options, reported by Lock and TryLock
 
-	id     string
-	idOnce sync.Once
-	seq    atomic.Uint64
+	ids ownerIDs // see Owner
 }
 
 // MultiLock returns a handle on the locks called names, taken together. Options override the
@@ -54,7 +50,7 @@ type MultiLock struct {
 // MultiLock itself never fails.
 func (c *Client) MultiLock(names []string, opts ...Option) *MultiLock {
 	ml := &MultiLock{c: c, names: slices.Sorted(slices.Values(names)), cfg: c.cfg.apply(opts)}
-	ml.id = ml.cfg.owner
+	ml.ids.init(ml.cfg)
 	errs := []error{c.err, ml.cfg.validate()}
 	if len(names) == 0 {
 		errs = append(errs, fmt.Errorf("%w: MultiLock of no names", ErrInvalid))
@@ -75,14 +71,7 @@ func (ml *MultiLock) Names() []string { return slices.Clone(ml.names) }
 
 // Owner returns the handle's owner id: the WithOwner id, or a random one made on first use
 // (each lease then has an owner id of its own, shared by its member holds).
-func (ml *MultiLock) Owner() string {
-	ml.idOnce.Do(func() {
-		if ml.id == "" {
-			ml.id = newOwnerID()
-		}
-	})
-	return ml.id
-}
+func (ml *MultiLock) Owner() string { return ml.ids.handle() }
 
 // TryLock makes one pass over the members in name order and returns a lease on all of them, or
 // gives back what it took and returns the first member's refusal (ErrNotObtained, naming the
@@ -109,7 +98,7 @@ func (ml *MultiLock) lock(ctx context.Context, wait bool) (*Lease, error) {
 		}
 	}
 	return ml.c.lockWith(ctx, ref, accessMutex, func() (*Lease, error) {
-		owner := callOwner(ml.cfg, ml.Owner, &ml.seq)
+		owner := ml.ids.call()
 		specs := make([]holdSpec, len(ml.names))
 		for i, n := range ml.names {
 			specs[i] = holdSpec{name: n, keys: ml.keys[i], cfg: ml.cfg, owner: owner, reentrant: ml.cfg.ownerSet}

@@ -2,8 +2,6 @@ package dlock
 
 import (
 	"context"
-	"sync"
-	"sync/atomic"
 )
 
 // A Mutex is a handle on one named lock. It is cheap to create and holds no Redis state. Like
@@ -31,16 +29,14 @@ type Mutex struct {
 	cohort string // the key of the Client's cohort serving this handle ("" when not cohorting)
 	err    error  // invalid name or option, reported by Lock and TryLock
 
-	id     string    // see Owner
-	idOnce sync.Once // a random id is made on first use
-	seq    atomic.Uint64
+	ids ownerIDs // see Owner
 }
 
 // Mutex returns a handle on the lock called name. Options override the Client's. An invalid
 // name or option is reported by Lock and TryLock as ErrInvalid; Mutex itself never fails.
 func (c *Client) Mutex(name string, opts ...Option) *Mutex {
 	m := &Mutex{c: c, name: name, cfg: c.cfg.apply(opts)}
-	m.id = m.cfg.owner
+	m.ids.init(m.cfg)
 	m.err = join(c.err, validateName(name), m.cfg.validate())
 	if !m.cfg.ownerSet && !m.cfg.noCohort {
 		// Only the lock key, to find the cohort: it holds the rest, once per lock.
@@ -60,14 +56,7 @@ func (m *Mutex) Name() string { return m.name }
 // Owner returns the owner id of this handle: the WithOwner id, or a random 128-bit one made on
 // first use. Leases of a handle without WithOwner have owner ids of their own in Redis (see
 // Lease.Owner); this id names the handle (for logs, or a command's environment).
-func (m *Mutex) Owner() string {
-	m.idOnce.Do(func() {
-		if m.id == "" {
-			m.id = newOwnerID()
-		}
-	})
-	return m.id
-}
+func (m *Mutex) Owner() string { return m.ids.handle() }
 
 // TryLock makes one attempt to take the lock. It returns a held Lease, or an error matching
 // ErrNotObtained when another owner holds the lock (or, with cohorting, another goroutine of
@@ -110,6 +99,6 @@ func (m *Mutex) lock(ctx context.Context, wait bool) (*Lease, error) {
 // plainLock takes the lock in Redis under an owner id of its own: the WithOwner id, or one
 // made for this call, so goroutines sharing the handle exclude each other.
 func (m *Mutex) plainLock(ctx context.Context, wait bool) (*Lease, error) {
-	s := holdSpec{name: m.name, keys: m.keys, cfg: m.cfg, owner: callOwner(m.cfg, m.Owner, &m.seq), reentrant: m.cfg.ownerSet}
+	s := holdSpec{name: m.name, keys: m.keys, cfg: m.cfg, owner: m.ids.call(), reentrant: m.cfg.ownerSet}
 	return m.c.plainLease(ctx, m.ref(), s, wait)
 }

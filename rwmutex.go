@@ -2,8 +2,6 @@ package dlock
 
 import (
 	"context"
-	"sync"
-	"sync/atomic"
 )
 
 // An RWMutex is a handle on one named read-write lock: many readers share it, or one writer
@@ -41,9 +39,7 @@ type RWMutex struct {
 	cfg  config
 	err  error // invalid name or option, reported by every lock call
 
-	id     string    // see Owner
-	idOnce sync.Once // a random id is made on first use
-	seq    atomic.Uint64
+	ids ownerIDs // see Owner
 }
 
 // RWMutex returns a handle on the read-write lock called name. Options override the Client's
@@ -51,7 +47,7 @@ type RWMutex struct {
 // reported by the lock calls as ErrInvalid; RWMutex itself never fails.
 func (c *Client) RWMutex(name string, opts ...Option) *RWMutex {
 	rw := &RWMutex{c: c, name: name, cfg: c.cfg.apply(opts)}
-	rw.id = rw.cfg.owner
+	rw.ids.init(rw.cfg)
 	rw.err = join(c.err, validateName(name), rw.cfg.validate())
 	rw.keys = lockKeys(rw.cfg.keyPrefix(), name)
 	return rw
@@ -62,14 +58,7 @@ func (rw *RWMutex) Name() string { return rw.name }
 
 // Owner returns the owner id of this handle: the WithOwner id, or a random 128-bit one made on
 // first use (each lease then has an owner id of its own in Redis, see Lease.Owner).
-func (rw *RWMutex) Owner() string {
-	rw.idOnce.Do(func() {
-		if rw.id == "" {
-			rw.id = newOwnerID()
-		}
-	})
-	return rw.id
-}
+func (rw *RWMutex) Owner() string { return rw.ids.handle() }
 
 // RLock takes the lock to read, waiting as long as ctx allows, behind every caller already
 // waiting (readers first in line are admitted together). Errors are those of Mutex.Lock, and
@@ -104,7 +93,7 @@ func (rw *RWMutex) lock(ctx context.Context, a access, wait bool) (*Lease, error
 	}
 	ref := lockRef{rw.c, rw.name, rw.keys.lock}
 	return rw.c.lockWith(ctx, ref, a, func() (*Lease, error) {
-		s := holdSpec{name: rw.name, keys: rw.keys, cfg: rw.cfg, owner: callOwner(rw.cfg, rw.Owner, &rw.seq),
+		s := holdSpec{name: rw.name, keys: rw.keys, cfg: rw.cfg, owner: rw.ids.call(),
 			reentrant: rw.cfg.ownerSet, access: a}
 		return rw.c.plainLease(ctx, ref, s, wait)
 	})
