@@ -230,3 +230,28 @@ func connectionsReceived(t *testing.T, admin *redis.Client) int {
 	t.Fatal("no total_connections_received in INFO")
 	return 0
 }
+
+// The read-write lock and the multi-lock work as the least-privileged user: their scripts use
+// only the commands README lists (pruning readers reads the hash with HGETALL).
+func TestLeastPrivilegedUserRWMutexAndMultiLock(t *testing.T) {
+	srv := redistest.StartT(t, redistest.Config{})
+	rdb := aclClient(t, srv, "dlock", minimalACL...)
+	ctx := ctxT(t)
+	c := dlock.New(rdb, dlock.WithLogger(slog.New(newLogRecords())))
+	defer c.Close(ctx)
+	rw := c.RWMutex("acl-rw")
+	short := c.RWMutex("acl-rw", dlock.WithTTL(200*time.Millisecond), dlock.WithFixedLease())
+	dead := must(t)(short.RLock(ctx))
+	r := must(t)(rw.RLock(ctx))
+	w := rwLockAsync(t, rw, false)
+	waitQueued(t, c, "acl-rw", 1)
+	waitDone(t, dead, 5*time.Second) // its entry is pruned by a later script
+	if err := r.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_ = got(t, "writer", w).Unlock(ctx)
+	ml := must(t)(c.MultiLock([]string{"acl-a", "acl-b"}).Lock(ctx))
+	if err := ml.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
