@@ -165,6 +165,7 @@ func (c *Client) tryHold(ctx context.Context, s holdSpec, queue bool) (*hold, ti
 	h := &hold{
 		c: c, name: s.name, keys: k, cfg: s.cfg, owner: s.owner, holdID: holdID, access: s.access,
 		token: uint64(res[1]), tracked: make(chan struct{}), ttl: ttl, heapIdx: -1,
+		othersWait: len(res) > 3 && res[3] == 1,
 	}
 	if err := c.track(ctx, h, sent); err != nil {
 		// The Client closed while the script ran: give the hold back now (Close waits for

@@ -51,7 +51,8 @@ type Client struct {
 	renewing  bool                 // the renewer goroutine was started
 	notifiers map[string]*notifier // by node address
 	holds     map[*hold]struct{}
-	cohorts   map[string]*cohort // by lock key
+	cohorts   map[string]*cohort    // by lock key
+	shares    map[string]*readShare // open shared read holds, by lock key (readshare.go)
 }
 
 // New returns a Client over rdb: a *redis.Client (standalone or failover/Sentinel) or a
@@ -66,6 +67,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 		notifiers: make(map[string]*notifier),
 		holds:     make(map[*hold]struct{}),
 		cohorts:   make(map[string]*cohort),
+		shares:    make(map[string]*readShare),
 		id:        newOwnerID(),
 		nonce:     randomHex(8),
 	}

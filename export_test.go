@@ -46,3 +46,11 @@ func SetOpLogTTL(t interface{ Cleanup(func()) }, d time.Duration) {
 
 // RedisErr is redisErr, for tests of the error mapping.
 func RedisErr(err error) error { return redisErr("lock", "x", err) }
+
+// SetReadShareAge changes how long a Client's read hold takes new local readers, for a test,
+// and restores it at cleanup.
+func SetReadShareAge(t interface{ Cleanup(func()) }, d time.Duration) {
+	old := readShareAge
+	readShareAge = d
+	t.Cleanup(func() { readShareAge = old })
+}

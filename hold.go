@@ -28,8 +28,11 @@ type hold struct {
 	owner  string
 	holdID string
 	access access // a mutex's hold, or a read-write lock's read or write hold
-	token  uint64 // first token of the block reserved by this hold
-	notif  *notifier
+	// othersWait: a read hold taken while someone waited in the lock's queue (a writer, since
+	// readers first in line are admitted together), so no more local readers may share it
+	othersWait bool
+	token      uint64 // first token of the block reserved by this hold
+	notif      *notifier
 	// tracked is closed once a tracked read confirmed the hold, so a later change of the key
 	// is pushed (tests wait on it before tampering with the key).
 	tracked      chan struct{}

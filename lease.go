@@ -49,7 +49,7 @@ type holding struct {
 	h     *hold
 	more  []*hold // a MultiLock's other member holds (h is the first): the holding is all of them
 	multi bool    // a MultiLock's holding (even of one member): never re-entered
-	co    *cohort // non-nil when h is the Client's cohort hold, passed on locally
+	co    sharer  // non-nil when h is a Client's hold shared by its goroutines (the sharer's)
 	token uint64
 
 	mu     sync.Mutex
@@ -57,9 +57,17 @@ type holding struct {
 	ended  bool
 }
 
+// A sharer passes one Redis hold of its Client among local holders: a Mutex's cohort (one
+// holder after the other, cohort.go) or a read share (readers at once, readshare.go). It ends
+// their holdings when the hold ends, and lets the hold go when its last holder unlocks.
+type sharer interface {
+	// unlock lets go of l's holding, whose last lease l was (already taken out of it).
+	unlock(ctx context.Context, l *Lease) error
+}
+
 // newHolding returns a holding of h (and, for a MultiLock, more) with token. For plain holds
-// (co nil) it ends with the first of them to end.
-func newHolding(h *hold, co *cohort, token uint64, more ...*hold) *holding {
+// (co nil) it ends with the first of them to end; a sharer ends its holdings itself.
+func newHolding(h *hold, co sharer, token uint64, more ...*hold) *holding {
 	hd := &holding{h: h, more: more, co: co, token: token}
 	if co == nil {
 		for _, x := range hd.holds() {

@@ -30,13 +30,21 @@ func wake(cs *channelState, owner string) {
 	}
 }
 
+// writerWaits is the owner under which a Client's shared read holds listen on a lock's
+// channel (no owner id starts with '#'): the "x" message, a writer joining the queue, wakes them
+// alone.
+const writerWaits = "#x"
+
 // released handles a message on a lock's channel. "g <owner>": a release granted the lock to
 // owner; "w <owner>": it freed the lock for owner, first in line, to compete for; either way
-// only that waiter wakes. Anything else wakes every waiter.
+// only that waiter wakes. "x": a writer joined the queue, which wakes the shared read holds
+// (readshare.go). Anything else wakes every waiter.
 func (n *notifier) released(channel, payload string) {
 	owner := ""
 	if len(payload) > 2 && payload[1] == ' ' {
 		owner = payload[2:]
+	} else if payload == "x" {
+		owner = writerWaits
 	}
 	n.mu.Lock()
 	if cs := n.chans[channel]; cs != nil {

@@ -6,13 +6,13 @@ import (
 
 // An RWMutex is a handle on one named read-write lock: many readers share it, or one writer
 // holds it alone. Like a sync.RWMutex it excludes goroutines: each RLock or Lock call is an
-// owner of its own, unless the handle is made WithOwner (then, as for Mutex, handles with that
+// owner of its own (readers of one Client may share a Redis hold, below), unless the handle is made WithOwner (then, as for Mutex, handles with that
 // owner id are one owner and re-enter each other's holds). It is cheap to create, holds no
 // Redis state and is safe for concurrent use.
 //
 // It is fair, in one FIFO queue in Redis for readers and writers: readers first in line are
 // admitted together, a reader arriving while anyone waits queues behind them (so a waiting
-// writer is never overtaken by new readers), and a writer waits for the readers admitted
+// writer is not overtaken by new readers, but for the bounded sharing below), and a writer waits for the readers admitted
 // before it. Waiters are woken by push when the lock is handed to them. Two bounded
 // exceptions, as for Mutex: a writer may take a free lock ahead of a first waiter that has
 // waited under a few milliseconds (barging, which keeps a busy lock busy), and callers that
@@ -31,25 +31,37 @@ import (
 // a reader may have seen.
 //
 // The lock's name may not be used as a Mutex too: a call of one kind on a lock held as the
-// other returns ErrInvalid. RWMutex handles do not cohort: every lease is a Redis hold.
+// other returns ErrInvalid.
+//
+// Readers of one Client share Redis holds (reader cohorting, unless WithoutCohort or
+// WithOwner): an RLock joins a read hold its Client already has on the lock without a round
+// trip, while that hold is under 5 ms old and no writer waits for the lock in Redis (the
+// Client learns of a writer joining the queue by push; without push the 5 ms bound alone
+// applies). The shared hold shows in Inspect as one reader, its leases have its owner id, it is
+// released when its last reader unlocks, and all of them end if it is lost. Writers never
+// share: every write lease is a Redis hold of its own.
 type RWMutex struct {
-	c    *Client
-	name string
-	keys keys
-	cfg  config
-	err  error // invalid name or option, reported by every lock call
+	c     *Client
+	name  string
+	keys  keys
+	cfg   config
+	share string // the key of the Client's shared read holds of this lock ("" when not shared)
+	err   error  // invalid name or option, reported by every lock call
 
 	ids ownerIDs // see Owner
 }
 
 // RWMutex returns a handle on the read-write lock called name. Options override the Client's
-// (WithoutCohort has no effect: RWMutex handles never cohort). An invalid name or option is
+// (WithoutCohort: every read lease is a Redis hold of its own). An invalid name or option is
 // reported by the lock calls as ErrInvalid; RWMutex itself never fails.
 func (c *Client) RWMutex(name string, opts ...Option) *RWMutex {
 	rw := &RWMutex{c: c, name: name, cfg: c.cfg.apply(opts)}
 	rw.ids.init(rw.cfg)
 	rw.err = join(c.err, validateName(name), rw.cfg.validate())
 	rw.keys = lockKeys(rw.cfg.keyPrefix(), name)
+	if !rw.cfg.ownerSet && !rw.cfg.noCohort {
+		rw.share = rw.keys.lock + cohortVariant(rw.cfg)
+	}
 	return rw
 }
 
@@ -93,6 +105,9 @@ func (rw *RWMutex) lock(ctx context.Context, a access, wait bool) (*Lease, error
 	}
 	ref := lockRef{rw.c, rw.name, rw.keys.lock}
 	return rw.c.lockWith(ctx, ref, a, func() (*Lease, error) {
+		if a == accessRead && rw.share != "" {
+			return rw.c.sharedRead(ctx, rw, ref, wait)
+		}
 		s := holdSpec{name: rw.name, keys: rw.keys, cfg: rw.cfg, owner: rw.ids.call(),
 			reentrant: rw.cfg.ownerSet, access: a}
 		return rw.c.plainLease(ctx, ref, s, wait)

@@ -32,8 +32,10 @@
 --          (DLOCKUPGRADE error: two upgraders would wait for each other forever); one that
 --          holds it to write re-enters it to read.
 --
--- Returns {1, token, holdCount} when the caller holds the lock after the call (fresh,
--- re-entered, a granted lock now confirmed, or a retry of a call that already succeeded);
+-- Returns {1, token, holdCount, waiting} when the caller holds the lock after the call (fresh,
+-- re-entered, a granted lock now confirmed, or a retry of a call that already succeeded;
+-- waiting, for a reader, is 1 when someone waits in the queue: its Client then lets no more
+-- local readers share the hold);
 -- {0, pttl, foreign} when it does not (pttl: the lock's remaining TTL in ms, -1 without TTL;
 -- foreign 1 when the key holds something other than a lock hash). A lock hash of another
 -- layout is refused with a DLOCKLAYOUT error, a read-write lock taken as a mutex or the
@@ -50,6 +52,15 @@ local function done(res)
   return res
 end
 
+-- holds is the reply of a call after which the caller holds the lock.
+local function holds(token, count)
+  local waiting = 0
+  if mode == 'r' then
+    waiting = redis.call('EXISTS', KEYS[4])
+  end
+  return done({1, token, count, waiting})
+end
+
 -- admit lets the readers queued first join a lock this reader has just taken or joined.
 local function admit(token)
   if mode == 'r' then
@@ -61,14 +72,14 @@ local function fresh()
   local token = reserve_block(KEYS[2])
   hold_lock(KEYS[1], owner, mark, token, ARGV[2], mode)
   admit(token)
-  return done({1, token, 1})
+  return holds(token, 1)
 end
 
 -- join adds the caller as a reader of the lock in read mode (phase token t).
 local function join(t)
   add_reader(KEYS[1], owner, mark, ARGV[2])
   admit(t)
-  return done({1, t, 1})
+  return holds(t, 1)
 end
 
 local function queue_up(foreign)
@@ -76,6 +87,9 @@ local function queue_up(foreign)
     local now = now_ms()
     if redis.call('HSET', KEYS[5], me, now + tonumber(ARGV[6])) == 1 then
       redis.call('ZADD', KEYS[4], 'NX', now, me) -- a new waiter (a refresh only moves its deadline)
+      if mode == 'w' then
+        msgs[#msgs + 1] = 'x' -- a writer waits: Clients sharing a read hold stop adding readers
+      end
     end
     -- The queue lives while anyone waits in it, and disappears on its own after.
     redis.call('PEXPIRE', KEYS[4], ARGV[11])
@@ -158,7 +172,7 @@ if f[6] == 'r' and f[1] == '0' then
   if granted == f[3] then
     redis.call('HSET', KEYS[1], owner, 1, '#e:' .. owner, 0) -- our own deadline replaces the grace
     add_reader(KEYS[1], owner, mark, ARGV[2])
-    return done({1, tonumber(f[3]), 1})
+    return holds(tonumber(f[3]), 1)
   end
   if drop_reader(KEYS[1], owner) == 0 then
     redis.call('DEL', KEYS[1])
@@ -170,7 +184,7 @@ if f[1] then
   local token, count = tonumber(f[3]), tonumber(f[1])
   -- A retry of a call that already succeeded (its reply was lost) must not count twice.
   if f[2] then
-    return {1, token, count}
+    return holds(token, count)
   end
   -- A release handed us the lock while we waited: take it with our own TTL. The grant is
   -- ours only if it carries the hold's token (a stale one, from a grant that ran out, does not).
@@ -182,7 +196,7 @@ if f[1] then
       -- Our own TTL, not GT: the grace TTL was a placeholder, and with a TTL shorter than
       -- the grace the lock would outlive our lease and stall the next waiter.
       redis.call('PEXPIRE', KEYS[1], ARGV[2])
-      return {1, token, 1}
+      return holds(token, 1)
     end
   end
   if ARGV[10] ~= '1' then
@@ -201,7 +215,7 @@ if f[1] then
       redis.call('HSET', KEYS[1], mark, 1)
       redis.call('PEXPIRE', KEYS[1], ARGV[2], 'GT')
     end
-    return {1, token, count}
+    return holds(token, count)
   end
 end
 if f[6] == 'r' and mode == 'r' then

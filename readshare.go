@@ -1,0 +1,182 @@
+package dlock
+
+import (
+	"context"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+)
+
+// readShareAge is how long a Client's read hold takes new local readers: cohortBatchTime
+// (a variable for tests that must tell the push from the age bound).
+var readShareAge = cohortBatchTime
+
+// A readShare is one Redis read hold of a Client shared by its goroutines' read leases (reader
+// cohorting). A reader whose Client holds the lock to read joins that hold without a round
+// trip while the hold is young (readShareAge), valid, and no writer waits for the lock in
+// Redis: the acquire's reply says whether anyone waited then, and a writer joining the queue
+// later is pushed ("x" on the lock's channel). Otherwise the reader takes a read hold of its
+// own, through the Redis queue, which later readers may join. So a waiting writer is
+// overtaken by no new reader of a Client that heard of it, and by none at all once the young
+// hold's batch time has passed. The hold is released when its last reader unlocks, and all its
+// readers' leases end when it is lost. Its readers share the read phase's token, as every
+// reader admitted in one phase does.
+type readShare struct {
+	c     *Client
+	key   string // in the Client's table of open shares: lock key + settings (cohortVariant)
+	h     *hold
+	since time.Time
+	sub   *subscription // woken when a writer joins the queue; nil without push
+
+	mu      sync.Mutex
+	closed  bool // no new reader joins
+	readers map[*holding]struct{}
+}
+
+// sharedRead takes rw to read for a goroutine of the Client: it joins the Client's open read
+// hold if it may, or else takes a hold of its own (waiting when wait is set) for later readers
+// to join.
+func (c *Client) sharedRead(ctx context.Context, rw *RWMutex, ref lockRef, wait bool) (*Lease, error) {
+	if l := c.joinShare(ctx, rw.share, ref); l != nil {
+		return l, nil
+	}
+	// Each shared hold is an owner of its own in Redis: a reader's entries there are per owner.
+	s := holdSpec{name: rw.name, keys: rw.keys, cfg: rw.cfg, access: accessRead,
+		owner: c.id + rw.share[len(rw.keys.lock):] + "/r" + c.nextHoldID()}
+	var h *hold
+	var err error
+	if wait {
+		h, err = c.waitHold(ctx, s, false)
+	} else {
+		h, _, err = c.tryHold(ctx, s, false)
+	}
+	if err != nil {
+		return nil, err
+	}
+	sh := &readShare{c: c, key: rw.share, h: h, since: c.now(), readers: make(map[*holding]struct{})}
+	hd := newHolding(h, sh, h.token)
+	sh.readers[hd] = struct{}{}
+	l := hd.first(ctx, ref)
+	if ended, herr := h.setOnEnd(sh.holdEnded); ended {
+		sh.holdEnded(herr)
+		return l, nil
+	}
+	n := c.notifierFor(ctx, rw.keys.lock)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if sh.closed || h.othersWait {
+		sh.closed = true // ended meanwhile, or a writer waits: the hold is the caller's alone
+		return l, nil
+	}
+	if n != nil {
+		// Not waiting for the confirmation: a writer that queues before it is missed, and
+		// then the batch time alone bounds how long local readers keep joining.
+		done, cancel := context.WithCancel(context.Background())
+		cancel()
+		sh.sub = n.subscribe(done, rw.keys.channel, writerWaits)
+	}
+	c.mu.Lock()
+	c.shares[sh.key] = sh
+	c.mu.Unlock()
+	return l, nil
+}
+
+// joinShare returns a read lease on the Client's open read hold of the lock, or nil when there
+// is none that may take one more reader.
+func (c *Client) joinShare(ctx context.Context, key string, ref lockRef) *Lease {
+	c.mu.Lock()
+	sh := c.shares[key]
+	c.mu.Unlock()
+	if sh == nil {
+		return nil
+	}
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if !sh.joinableLocked() {
+		return nil
+	}
+	hd := newHolding(sh.h, sh, sh.h.token)
+	sh.readers[hd] = struct{}{}
+	return hd.first(ctx, ref)
+}
+
+// joinableLocked reports whether one more reader may join, and closes the share if not.
+func (sh *readShare) joinableLocked() bool {
+	if sh.closed {
+		return false
+	}
+	writer := false
+	if sh.sub != nil {
+		select {
+		case <-sh.sub.c:
+			writer = true
+		default:
+		}
+	}
+	if writer || sh.c.since(sh.since) >= readShareAge || !sh.h.valid() {
+		sh.closeLocked()
+		return false
+	}
+	return true
+}
+
+// closeLocked stops new readers from joining: the share leaves the Client's table.
+func (sh *readShare) closeLocked() {
+	if sh.closed {
+		return
+	}
+	sh.closed = true
+	sh.unsubscribeLocked()
+	sh.c.mu.Lock()
+	if sh.c.shares[sh.key] == sh {
+		delete(sh.c.shares, sh.key)
+	}
+	sh.c.mu.Unlock()
+}
+
+func (sh *readShare) unsubscribeLocked() {
+	if sh.sub != nil {
+		sh.sub.close()
+		sh.sub = nil
+	}
+}
+
+// unlock lets go of l's holding: the hold is released when it was the last reader's.
+func (sh *readShare) unlock(ctx context.Context, l *Lease) error {
+	sh.mu.Lock()
+	if _, ok := sh.readers[l.hd]; !ok { // the hold ended meanwhile
+		sh.mu.Unlock()
+		l.finish(sh.h.lossErr(), true)
+		return l.heldErr()
+	}
+	delete(sh.readers, l.hd)
+	last := len(sh.readers) == 0
+	if last {
+		sh.closeLocked()
+	}
+	sh.mu.Unlock()
+	switch {
+	case !last:
+		l.finish(nil, true)
+		return nil
+	case !sh.h.beginRelease():
+		// Lost while we got here: end the lease with the hold's loss.
+		l.finish(sh.h.lossErr(), true)
+		return l.heldErr()
+	}
+	return l.finishRelease(ctx, sh.h)
+}
+
+// holdEnded runs when the hold was lost or the Client closed: every reader's lease ends with
+// err.
+func (sh *readShare) holdEnded(err error) {
+	sh.mu.Lock()
+	sh.closeLocked()
+	readers := slices.Collect(maps.Keys(sh.readers))
+	clear(sh.readers)
+	sh.mu.Unlock()
+	for _, hd := range readers {
+		hd.end(err)
+	}
+}

@@ -1,0 +1,131 @@
+package dlock_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/redistest"
+)
+
+// Readers of one Client share one Redis read hold; another Client's reader is a hold of its
+// own; the shared hold goes when its last reader unlocks.
+func TestRWMutexReadersOfAClientShareOneHold(t *testing.T) {
+	dlock.SetReadShareAge(t, time.Hour) // nothing but this test's steps closes the share
+	c1, rdb := newClient(t)
+	c2 := dlock.New(rdb)
+	t.Cleanup(func() { _ = c2.Close(context.Background()) })
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	a := must(t)(c1.RWMutex(name).RLock(ctx))
+	b := must(t)(c1.RWMutex(name).TryRLock(ctx))
+	if a.Owner() != b.Owner() || a.Token() != b.Token() {
+		t.Fatalf("readers of one Client: owners %q/%q, tokens %d/%d; want one shared hold", a.Owner(), b.Owner(), a.Token(), b.Token())
+	}
+	other := must(t)(c2.RWMutex(name).RLock(ctx))
+	if other.Owner() == a.Owner() {
+		t.Fatal("another Client's reader shares the first Client's hold")
+	}
+	readers := func(want int) {
+		t.Helper()
+		info, err := c1.Inspect(ctx, name)
+		if err != nil || info.Readers != want {
+			t.Fatalf("Inspect: %+v, %v; want %d readers", info, err, want)
+		}
+	}
+	readers(2)
+	if err := a.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	readers(2) // b still reads through the shared hold
+	if b.Err() != nil || b.Remaining() <= 0 {
+		t.Fatalf("the other reader of the shared hold after one unlocked: %v", b.Err())
+	}
+	if err := b.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	readers(1)
+	// The share was released with its last reader: a new reader of c1 is a new hold.
+	c := must(t)(c1.RWMutex(name).TryRLock(ctx))
+	if c.Owner() == a.Owner() {
+		t.Fatal("a reader joined a released shared hold")
+	}
+	for _, l := range []*dlock.Lease{c, other} {
+		if err := l.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = must(t)(c2.RWMutex(name).TryLock(ctx)).Unlock(ctx)
+}
+
+// A writer joining the queue is pushed to the Client sharing a read hold, which then lets no
+// new local reader join it: the writer is not overtaken for longer than the push takes.
+func TestRWMutexQueuedWriterStopsReaderSharing(t *testing.T) {
+	dlock.SetReadShareAge(t, time.Hour) // only the push can close the share
+	c1, rdb := newClient(t)
+	c2 := dlock.New(rdb)
+	t.Cleanup(func() { _ = c2.Close(context.Background()) })
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	first := must(t)(c1.RWMutex(name).RLock(ctx))
+	held := []*dlock.Lease{first}
+	w := rwLockAsync(t, c2.RWMutex(name), false)
+	waitQueued(t, c2, name, 1)
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		l, err := c1.RWMutex(name).TryRLock(ctx)
+		if errors.Is(err, dlock.ErrNotObtained) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l.Owner() != first.Owner() {
+			t.Fatalf("a reader took a hold of its own (%q) while a writer waits", l.Owner())
+		}
+		held = append(held, l)
+		if time.Now().After(deadline) {
+			t.Fatalf("readers still join the shared hold 5s after a writer queued (%d joined)", len(held)-1)
+		}
+	}
+	notYet(t, "writer while the shared hold has readers", w)
+	for _, l := range held {
+		if err := l.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wl := got(t, "writer after the shared hold's readers left", w)
+	if wl.Token() <= first.Token() {
+		t.Errorf("writer token %d not above the readers' %d", wl.Token(), first.Token())
+	}
+	_ = wl.Unlock(ctx)
+}
+
+// A reader admitted while a writer waits behind it (the acquire's reply says so) does not
+// share its hold: a new local reader queues behind the writer.
+func TestRWMutexReaderAdmittedAheadOfAWriterDoesNotShare(t *testing.T) {
+	dlock.SetReadShareAge(t, time.Hour)
+	c1, rdb := newClient(t)
+	c2 := dlock.New(rdb)
+	t.Cleanup(func() { _ = c2.Close(context.Background()) })
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	w1 := must(t)(c2.RWMutex(name).Lock(ctx))
+	r := rwLockAsync(t, c1.RWMutex(name), true)
+	waitQueued(t, c2, name, 1)
+	w2 := rwLockAsync(t, c2.RWMutex(name), false)
+	waitQueued(t, c2, name, 2)
+	if err := w1.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rl := got(t, "reader admitted after the first writer", r)
+	if _, err := c1.RWMutex(name).TryRLock(ctx); !errors.Is(err, dlock.ErrNotObtained) {
+		t.Fatalf("TryRLock of the admitted reader's Client while a writer waits: %v, want ErrNotObtained", err)
+	}
+	notYet(t, "second writer while the reader reads", w2)
+	if err := rl.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_ = got(t, "second writer", w2).Unlock(ctx)
+}
