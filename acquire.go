@@ -152,6 +152,13 @@ func (c *Client) tryHold(ctx context.Context, s holdSpec, queue bool) (*hold, ti
 		}
 		return nil, max(wait, time.Millisecond), notObtained(s.name)
 	}
+	return c.startHold(ctx, s, holdID, uint64(res[1]), len(res) > 3 && res[3] == 1, ttl, sent)
+}
+
+// startHold starts tracking the hold holdID that an acquire sent at sent just took for s with
+// token (othersWait: see hold), unless its reply came too late to start a lease (it is then
+// dropped in Redis, and the caller told to try again a little later) or it ended at once.
+func (c *Client) startHold(ctx context.Context, s holdSpec, holdID string, token uint64, othersWait bool, ttl time.Duration, sent time.Time) (*hold, time.Duration, error) {
 	// A reply that came after the lease's safe deadline (a slow network) must not start a
 	// lease that is already over: drop the hold in Redis and let the caller try again a
 	// little later. Decided before the hold is tracked, so no deadline timer races with it.
@@ -163,9 +170,8 @@ func (c *Client) tryHold(ctx context.Context, s holdSpec, queue bool) (*hold, ti
 		return late(errLateReply)
 	}
 	h := &hold{
-		c: c, name: s.name, keys: k, cfg: s.cfg, owner: s.owner, holdID: holdID, access: s.access,
-		token: uint64(res[1]), tracked: make(chan struct{}), ttl: ttl, heapIdx: -1,
-		othersWait: len(res) > 3 && res[3] == 1,
+		c: c, name: s.name, keys: s.keys, cfg: s.cfg, owner: s.owner, holdID: holdID, access: s.access,
+		token: token, tracked: make(chan struct{}), ttl: ttl, heapIdx: -1, othersWait: othersWait,
 	}
 	if err := c.track(ctx, h, sent); err != nil {
 		// The Client closed while the script ran: give the hold back now (Close waits for

@@ -54,3 +54,6 @@ func SetReadShareAge(t interface{ Cleanup(func()) }, d time.Duration) {
 	readShareAge = d
 	t.Cleanup(func() { readShareAge = old })
 }
+
+// KeySlot is the Cluster hash slot dlock computes for key.
+func KeySlot(key string) int { return keySlot(key) }

@@ -1,5 +1,11 @@
 package dlock
 
+import (
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
 // layoutVersion is the key layout dlock writes (LAYOUT in internal/scripts/lib.lua, "#v" in
 // every lock hash). Scripts refuse a lock of another layout, so two dlock versions never both
 // hold a lock during an upgrade.
@@ -42,4 +48,45 @@ func lockKeys(prefix, name string) keys {
 		live:    base + liveSuffix,
 		channel: base + ":released",
 	}
+}
+
+// keySlot is the Redis Cluster hash slot of key: CRC16 (XMODEM) of its hash tag (what lies
+// between the first "{" and the next "}", when not empty) or else of the whole key, modulo
+// 16384, as the Cluster specification defines it.
+func keySlot(key string) int {
+	if i := strings.IndexByte(key, '{'); i >= 0 {
+		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
+			key = key[i+1 : i+1+j]
+		}
+	}
+	var crc uint16
+	for k := 0; k < len(key); k++ {
+		crc ^= uint16(key[k]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return int(crc) % 16384
+}
+
+// oneSlot reports whether one script may touch the keys of every lock of ks: always on a
+// single Redis (standalone or Sentinel), on a Cluster when their lock keys share a slot, and
+// never through other clients (a Ring shards keys across servers).
+func (c *Client) oneSlot(ks []keys) bool {
+	switch c.rdb.(type) {
+	case *redis.Client:
+		return true
+	case *redis.ClusterClient:
+		for _, k := range ks[1:] {
+			if keySlot(k.lock) != keySlot(ks[0].lock) {
+				return false
+			}
+		}
+		return true
+	}
+	return false
 }

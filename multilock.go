@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/dlock-go/dlock/internal/scripts"
 )
 
 // multiPatience is how long a MultiLock waits the polite way (holding no member while another
@@ -40,6 +42,8 @@ type MultiLock struct {
 	keys  []keys
 	cfg   config
 	err   error // bad names or options, reported by Lock and TryLock
+	// together: every member's keys are on one node's slot, so a pass is one script
+	together bool
 
 	ids ownerIDs // see Owner
 }
@@ -63,6 +67,7 @@ func (c *Client) MultiLock(names []string, opts ...Option) *MultiLock {
 		ml.keys = append(ml.keys, lockKeys(ml.cfg.keyPrefix(), n))
 	}
 	ml.err = join(errs...)
+	ml.together = ml.err == nil && c.oneSlot(ml.keys)
 	return ml
 }
 
@@ -103,7 +108,7 @@ func (ml *MultiLock) lock(ctx context.Context, wait bool) (*Lease, error) {
 		for i, n := range ml.names {
 			specs[i] = holdSpec{name: n, keys: ml.keys[i], cfg: ml.cfg, owner: owner, reentrant: ml.cfg.ownerSet}
 		}
-		hs, err := ml.c.takeAll(ctx, specs, wait)
+		hs, err := ml.c.takeAll(ctx, specs, ml.together, wait)
 		if err != nil {
 			return nil, err
 		}
@@ -114,7 +119,8 @@ func (ml *MultiLock) lock(ctx context.Context, wait bool) (*Lease, error) {
 }
 
 // takeAll takes a hold on every spec (sorted by name) or none; see MultiLock for the waiting.
-func (c *Client) takeAll(ctx context.Context, specs []holdSpec, wait bool) ([]*hold, error) {
+// together says the members share a slot, so a pass may take them in one script.
+func (c *Client) takeAll(ctx context.Context, specs []holdSpec, together, wait bool) ([]*hold, error) {
 	taken := make([]*hold, len(specs))
 	start := c.now()
 	backoff := time.Duration(0)
@@ -138,45 +144,121 @@ func (c *Client) takeAll(ctx context.Context, specs []holdSpec, wait bool) ([]*h
 			}
 			taken[blocking] = h
 		}
+		i, err := c.pass(ctx, specs, taken, together)
 		blocking = -1
-		for i, s := range specs {
-			if taken[i] != nil {
-				continue
-			}
-			h, _, err := c.tryHold(ctx, s, false)
-			if err != nil {
-				c.giveBack(taken)
-				clear(taken)
-				if !wait || ctx.Err() != nil {
-					return nil, err
-				}
-				switch {
-				case errors.Is(err, ErrUnavailable):
-					// Wait it out as Lock does (a failover): back off, then a new pass.
-					backoff = min(max(2*backoff, minUnavailableRetry), maxUnavailableRetry)
-					if werr := sleepCtx(ctx, c, backoff); werr != nil {
-						return nil, notObtained(s.name, werr, err)
-					}
-					blocking = -2
-				case errors.Is(err, ErrNotObtained):
-					backoff, blocking = 0, i
-				default:
-					return nil, err
-				}
-				break
-			}
-			taken[i] = h
-		}
 		switch {
-		case blocking == -2:
-			blocking = -1
-		case blocking < 0 && allValid(taken):
+		case err == nil && allValid(taken):
 			return taken, nil
-		case blocking < 0:
+		case err == nil:
 			c.giveBack(taken) // a member ended during the pass: start again
 			clear(taken)
+			continue
+		}
+		c.giveBack(taken)
+		clear(taken)
+		if !wait || ctx.Err() != nil {
+			return nil, err
+		}
+		switch {
+		case errors.Is(err, ErrUnavailable):
+			// Wait it out as Lock does (a failover): back off, then a new pass.
+			backoff = min(max(2*backoff, minUnavailableRetry), maxUnavailableRetry)
+			if werr := sleepCtx(ctx, c, backoff); werr != nil {
+				return nil, notObtained(specs[i].name, werr, err)
+			}
+		case errors.Is(err, ErrNotObtained):
+			backoff, blocking = 0, i
+		default:
+			return nil, err
 		}
 	}
+}
+
+// pass tries once to take every member not taken yet: in one script when they share a slot
+// and are all free, else one after the other in name order. It stops at the first member it
+// cannot take and returns its index and error (what it took stays in taken for the caller to
+// give back); -1 and nil when every member is taken.
+func (c *Client) pass(ctx context.Context, specs []holdSpec, taken []*hold, together bool) (int, error) {
+	if together {
+		if i, done, err := c.takeTogether(ctx, specs, taken); done {
+			return i, err
+		}
+	}
+	for i, s := range specs {
+		if taken[i] != nil {
+			continue
+		}
+		h, _, err := c.tryHold(ctx, s, false)
+		if err != nil {
+			return i, err
+		}
+		taken[i] = h
+	}
+	return -1, nil
+}
+
+// takeTogether takes every member not taken yet in one script (multi_acquire.lua), when all of
+// them are free and nobody queues for them. done false means a member needs more than that (a
+// queue to respect, a lock of the caller's, an error to report): the caller goes member by
+// member. Otherwise it returns as pass does.
+func (c *Client) takeTogether(ctx context.Context, specs []holdSpec, taken []*hold) (i int, done bool, err error) {
+	var idx []int
+	var ks, ids []string
+	for i, s := range specs {
+		if taken[i] == nil {
+			idx = append(idx, i)
+			ks = append(ks, s.keys.lock, s.keys.fence, s.keys.queue)
+			ids = append(ids, c.nextHoldID())
+		}
+	}
+	s0 := specs[idx[0]] // every member has the handle's owner and settings
+	if err := ctx.Err(); err != nil {
+		return idx[0], true, notObtained(s0.name, err)
+	}
+	if err := c.checkOpen(); err != nil {
+		return idx[0], true, fmt.Errorf("%w: lock %q", err, s0.name)
+	}
+	ttl := s0.cfg.leaseTTL()
+	args := []any{s0.owner, ttl.Milliseconds()}
+	for _, id := range ids {
+		args = append(args, id)
+	}
+	sent := c.now()
+	res, err := scripts.MultiAcquire.Run(ctx, c.rdb, ks, args...).Int64Slice()
+	if err != nil {
+		if classify(err) == replyUnavailable {
+			c.topologyMayHaveChanged(ctx)
+		}
+		if !isRedisReply(err) { // it may have run with its reply lost: undo it
+			for j, i := range idx {
+				c.abandon(specs[i], ids[j])
+			}
+		}
+		if cerr := ctx.Err(); cerr != nil {
+			return idx[0], true, notObtained(s0.name, cerr, redisErr("lock", s0.name, err))
+		}
+		return idx[0], true, redisErr("lock", s0.name, err)
+	}
+	switch {
+	case len(res) == 1 && res[0] == -1:
+		return 0, false, nil
+	case len(res) == 3 && res[0] == 0 && res[1] >= 1 && int(res[1]) <= len(idx):
+		i := idx[res[1]-1]
+		return i, true, notObtained(specs[i].name)
+	case len(res) != len(idx)+1 || res[0] != 1:
+		return idx[0], true, fmt.Errorf("dlock: MultiLock %q: unexpected multi-acquire reply %v", s0.name, res)
+	}
+	for j, i := range idx {
+		h, _, err := c.startHold(ctx, specs[i], ids[j], uint64(res[j+1]), false, ttl, sent)
+		if err != nil {
+			for k := j + 1; k < len(idx); k++ { // taken in Redis, never started here
+				c.abandon(specs[idx[k]], ids[k])
+			}
+			return i, true, err
+		}
+		taken[i] = h
+	}
+	return -1, true, nil
 }
 
 // allValid reports whether every hold is still certainly held.

@@ -14,6 +14,8 @@ var (
 	libSrc string
 	//go:embed acquire.lua
 	acquireSrc string
+	//go:embed multi_acquire.lua
+	multiAcquireSrc string
 	//go:embed release.lua
 	releaseSrc string
 	//go:embed extend.lua
@@ -34,6 +36,7 @@ func lockScript(src string) *redis.Script { return redis.NewScript(shebang + lib
 // Scripts run with EVALSHA and fall back to EVAL when the server has not cached them yet.
 var (
 	Acquire      = lockScript(acquireSrc)
+	MultiAcquire = lockScript(multiAcquireSrc)
 	Release      = lockScript(releaseSrc)
 	Extend       = lockScript(extendSrc)
 	ForceRelease = lockScript(forceReleaseSrc)

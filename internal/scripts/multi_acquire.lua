@@ -1,0 +1,37 @@
+-- multi_acquire: take every member of a MultiLock at once, when all its names share a hash
+-- slot (on a single Redis, always) and every member is free with nobody queued for it. It is
+-- only a faster way through what acquire does member by member: whenever a member needs more
+-- than "free, take it" it writes nothing and sends the caller to acquire.
+--
+-- KEYS, per member in name order, 3 keys each: lock hash, fence, queue (as for acquire)
+-- ARGV[1] owner id
+-- ARGV[2] lease TTL in ms
+-- ARGV[2 + i] hold id of member i
+--
+-- Returns {1, token_1, ..., token_n} when the caller now holds every member, each a fresh
+-- hold with a token block of its own; {0, i, pttl} when member i (1-based) is a lock another
+-- owner holds, and nothing was written; {-1} when a member is free but has a queue, is held by
+-- the caller, or is not a current mutex lock hash (another layout or kind, another type), and
+-- nothing was written: the caller takes the members one by one with acquire.
+local owner, ttl = ARGV[1], ARGV[2]
+local n = #KEYS / 3
+for i = 1, n do
+  local k_lock = KEYS[3 * i - 2]
+  if redis.call('EXISTS', k_lock) == 1 then
+    local f, ok = lock_fields(k_lock, owner, '#v', '#k')
+    if not ok or f[1] or f[2] ~= LAYOUT or f[3] then
+      return {-1}
+    end
+    return {0, i, redis.call('PTTL', k_lock)}
+  end
+  if redis.call('EXISTS', KEYS[3 * i]) == 1 then
+    return {-1}
+  end
+end
+local res = {1}
+for i = 1, n do
+  local token = reserve_block(KEYS[3 * i - 1])
+  hold_lock(KEYS[3 * i - 2], owner, '#' .. ARGV[2 + i], token, ttl, '')
+  res[i + 1] = token
+end
+return res

@@ -1,0 +1,161 @@
+package dlock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// dlock's slot function agrees with the Cluster specification's examples and with a server.
+func TestKeySlot(t *testing.T) {
+	for key, want := range map[string]int{
+		"123456789": 12739, "foo": 12182, "{user1000}.following": 3443, "{user1000}.followers": 3443,
+		"foo{}{bar}": 8363, "foo{{bar}}zap": 4015, "foo{bar}{zap}": 5061,
+	} {
+		if got := dlock.KeySlot(key); got != want {
+			t.Errorf("KeySlot(%q) = %d, want %d", key, got, want)
+		}
+	}
+}
+
+// scriptCalls sums the scripts every master of rdb ran since its statistics were reset.
+func scriptCalls(t *testing.T, ctx context.Context, nodes []*redis.Client) int {
+	t.Helper()
+	total := 0
+	for _, n := range nodes {
+		info, err := n.Info(ctx, "commandstats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(info, "\n") {
+			for _, cmd := range []string{"cmdstat_evalsha:calls=", "cmdstat_eval:calls="} {
+				if rest, ok := strings.CutPrefix(line, cmd); ok {
+					v, _ := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
+					total += v
+				}
+			}
+		}
+	}
+	return total
+}
+
+func resetStats(t *testing.T, ctx context.Context, nodes []*redis.Client) {
+	t.Helper()
+	for _, n := range nodes {
+		if err := n.ConfigResetStat(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// Free members that share a slot are taken by one script (issue 10: "one script when all
+// names share a hash slot"); a taken member still sends the MultiLock to its queue.
+func TestMultiLockTakesFreeMembersInOneScript(t *testing.T) {
+	c, rdb := newClient(t)
+	ctx := ctxT(t)
+	base := redistest.Name(t)
+	names := []string{base + "c", base + "a", base + "b"}
+	ml := c.MultiLock(names)
+	_ = must(t)(ml.TryLock(ctx)).Unlock(ctx) // loads the script
+	resetStats(t, ctx, []*redis.Client{rdb})
+	l := must(t)(ml.TryLock(ctx))
+	if n := scriptCalls(t, ctx, []*redis.Client{rdb}); n != 1 {
+		t.Errorf("TryLock of 3 free members ran %d scripts, want 1", n)
+	}
+	for _, n := range names {
+		if _, err := c.Mutex(n).TryLock(ctx); !errors.Is(err, dlock.ErrNotObtained) {
+			t.Fatalf("Mutex on member %s: %v, want ErrNotObtained", n, err)
+		}
+	}
+	tokens := l.Tokens()
+	if len(tokens) != 3 || tokens[names[0]] == 0 || tokens[names[1]] == tokens[names[2]] {
+		t.Fatalf("Tokens %v: want one per member", tokens)
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	held := must(t)(c.Mutex(names[2]).Lock(ctx))
+	ch := make(chan error, 1)
+	go func() {
+		l, err := ml.Lock(ctx)
+		if err == nil {
+			err = l.Unlock(ctx)
+		}
+		ch <- err
+	}()
+	waitQueued(t, c, names[2], 1)
+	for _, n := range names[:2] {
+		if info, err := c.Inspect(ctx, n); err != nil || info.Held {
+			t.Fatalf("free member %s while the MultiLock waits: %+v, %v", n, info, err)
+		}
+	}
+	_ = held.Unlock(ctx)
+	if err := <-ch; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// On a Cluster, names sharing a hash tag share a slot and are taken by one script; names on
+// other slots are taken member by member.
+func TestMultiLockOneScriptPerSlotOnCluster(t *testing.T) {
+	cl := redistest.StartClusterT(t, redistest.ClusterConfig{})
+	cc := cl.Client()
+	defer cc.Close()
+	ctx := ctxT(t)
+	c := dlock.New(cc)
+	defer c.Close(ctx)
+	var masters []*redis.Client
+	var mu sync.Mutex
+	err := cc.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
+		mu.Lock()
+		defer mu.Unlock()
+		masters = append(masters, n)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := redistest.Name(t)
+	for _, tc := range []struct {
+		names []string
+		want  int
+	}{
+		{[]string{"{" + base + "}:a", "{" + base + "}:b", "{" + base + "}:c"}, 1},
+		{[]string{base + "-0", base + "-1", base + "-2"}, 3},
+	} {
+		if slots := distinctSlots(tc.names); (slots == 1) != (tc.want == 1) {
+			t.Fatalf("names %v on %d slots", tc.names, slots)
+		}
+		ml := c.MultiLock(tc.names)
+		_ = must(t)(ml.TryLock(ctx)).Unlock(ctx)
+		resetStats(t, ctx, masters)
+		l := must(t)(ml.TryLock(ctx))
+		if n := scriptCalls(t, ctx, masters); n != tc.want {
+			t.Errorf("TryLock of %v ran %d scripts, want %d", tc.names, n, tc.want)
+		}
+		for _, n := range tc.names {
+			if _, err := c.Mutex(n).TryLock(ctx); !errors.Is(err, dlock.ErrNotObtained) {
+				t.Fatalf("Mutex on member %s: %v, want ErrNotObtained", n, err)
+			}
+		}
+		if err := l.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func distinctSlots(names []string) int {
+	seen := map[int]bool{}
+	for _, n := range names {
+		seen[dlock.KeySlot(fmt.Sprintf("%s{%s}", dlock.DefaultKeyPrefix, n))] = true
+	}
+	return len(seen)
+}
