@@ -53,6 +53,8 @@ type Client struct {
 	holds     map[*hold]struct{}
 	cohorts   map[string]*cohort    // by lock key
 	shares    map[string]*readShare // open shared read holds, by lock key (readshare.go)
+	// pendingReads: a reader waiting in Redis on behalf of the Client's readers, by lock key
+	pendingReads map[string]*pendingRead
 }
 
 // New returns a Client over rdb: a *redis.Client (standalone or failover/Sentinel) or a
@@ -62,14 +64,15 @@ type Client struct {
 // every Lock and TryLock as ErrInvalid.
 func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	c := &Client{
-		rdb:       rdb,
-		cfg:       config{}.apply(opts),
-		notifiers: make(map[string]*notifier),
-		holds:     make(map[*hold]struct{}),
-		cohorts:   make(map[string]*cohort),
-		shares:    make(map[string]*readShare),
-		id:        newOwnerID(),
-		nonce:     randomHex(8),
+		rdb:          rdb,
+		cfg:          config{}.apply(opts),
+		notifiers:    make(map[string]*notifier),
+		holds:        make(map[*hold]struct{}),
+		cohorts:      make(map[string]*cohort),
+		shares:       make(map[string]*readShare),
+		pendingReads: make(map[string]*pendingRead),
+		id:           newOwnerID(),
+		nonce:        randomHex(8),
 	}
 	c.publishCmd = "PUBLISH"
 	if _, ok := rdb.(*redis.ClusterClient); ok {

@@ -57,3 +57,14 @@ func SetReadShareAge(t interface{ Cleanup(func()) }, d time.Duration) {
 
 // KeySlot is the Cluster hash slot dlock computes for key.
 func KeySlot(key string) int { return keySlot(key) }
+
+// PendingReadWaiters tells tests how many readers of c wait locally for the read hold another
+// reader of c waits for in Redis on the lock called name.
+func PendingReadWaiters(c *Client, name string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if p := c.pendingReads[lockKeys(DefaultKeyPrefix, name).lock]; p != nil {
+		return p.waiters
+	}
+	return 0
+}

@@ -2,6 +2,7 @@ package dlock
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"slices"
 	"sync"
@@ -30,17 +31,72 @@ type readShare struct {
 	sub   *subscription // woken when a writer joins the queue; nil without push
 
 	mu      sync.Mutex
-	closed  bool // no new reader joins
+	closed  bool // no new reader joins (but those the hold was waited for: joinWaited)
+	gone    bool // released or ended: nobody joins
 	readers map[*holding]struct{}
 }
 
+// A pendingRead is a reader of a Client waiting in the Redis queue on behalf of the Client's
+// readers that come while it waits: they wait for it locally and join the hold it gets, so a
+// read phase admits one hold per Client rather than one per goroutine.
+type pendingRead struct {
+	done    chan struct{} // closed when the wait ended
+	sh      *readShare    // the hold it got, nil if none; set before done is closed
+	waiters int           // readers waiting for it (Client.mu)
+}
+
 // sharedRead takes rw to read for a goroutine of the Client: it joins the Client's open read
-// hold if it may, or else takes a hold of its own (waiting when wait is set) for later readers
-// to join.
+// hold if it may, or else the hold a reader of the Client is already waiting for, or else
+// takes a hold of its own (waiting when wait is set) for later readers to join.
 func (c *Client) sharedRead(ctx context.Context, rw *RWMutex, ref lockRef, wait bool) (*Lease, error) {
-	if l := c.joinShare(ctx, rw.share, ref); l != nil {
-		return l, nil
+	for {
+		if l := c.joinShare(ctx, rw.share, ref); l != nil {
+			return l, nil
+		}
+		if !wait {
+			return c.newShare(ctx, rw, ref, false)
+		}
+		c.mu.Lock()
+		p := c.pendingReads[rw.share]
+		mine := p == nil
+		if mine {
+			p = &pendingRead{done: make(chan struct{})}
+			c.pendingReads[rw.share] = p
+		} else {
+			p.waiters++
+		}
+		c.mu.Unlock()
+		if mine {
+			l, err := c.newShare(ctx, rw, ref, true)
+			if err == nil {
+				p.sh = l.hd.co.(*readShare)
+			}
+			c.mu.Lock()
+			delete(c.pendingReads, rw.share)
+			c.mu.Unlock()
+			close(p.done)
+			return l, err
+		}
+		select {
+		case <-p.done:
+		case <-ctx.Done():
+			return nil, notObtained(rw.name, ctx.Err())
+		case <-c.bg.Done():
+			return nil, fmt.Errorf("%w: lock %q", ErrClosed, rw.name)
+		}
+		if p.sh != nil {
+			if l := p.sh.joinWaited(ctx, ref); l != nil {
+				return l, nil
+			}
+		}
+		// It got nothing (its caller gave up, an error), or its hold is gone already: go on
+		// as a new reader.
 	}
+}
+
+// newShare takes a read hold of the Client's own for rw (waiting when wait is set) and returns
+// a lease on it, opening it to later local readers unless a writer waits.
+func (c *Client) newShare(ctx context.Context, rw *RWMutex, ref lockRef, wait bool) (*Lease, error) {
 	// Each shared hold is an owner of its own in Redis: a reader's entries there are per owner.
 	s := holdSpec{name: rw.name, keys: rw.keys, cfg: rw.cfg, access: accessRead,
 		owner: c.id + rw.share[len(rw.keys.lock):] + "/r" + c.nextHoldID()}
@@ -96,6 +152,24 @@ func (c *Client) joinShare(ctx context.Context, key string, ref lockRef) *Lease 
 	if !sh.joinableLocked() {
 		return nil
 	}
+	return sh.addLocked(ctx, ref)
+}
+
+// joinWaited returns a read lease on the hold a reader of the Client waited for on behalf of
+// the caller, or nil when it is gone. The caller started waiting before that hold was granted,
+// so it joins even if a writer waits now (it was in line before that writer, as far as this
+// Client can tell); the readers of a Client overtake a writer by at most one such batch.
+func (sh *readShare) joinWaited(ctx context.Context, ref lockRef) *Lease {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if sh.gone || !sh.h.valid() {
+		return nil
+	}
+	return sh.addLocked(ctx, ref)
+}
+
+// addLocked makes the caller a reader of the shared hold and returns its lease.
+func (sh *readShare) addLocked(ctx context.Context, ref lockRef) *Lease {
 	hd := newHolding(sh.h, sh, sh.h.token)
 	sh.readers[hd] = struct{}{}
 	return hd.first(ctx, ref)
@@ -154,6 +228,7 @@ func (sh *readShare) unlock(ctx context.Context, l *Lease) error {
 	last := len(sh.readers) == 0
 	if last {
 		sh.closeLocked()
+		sh.gone = true
 	}
 	sh.mu.Unlock()
 	switch {
@@ -173,6 +248,7 @@ func (sh *readShare) unlock(ctx context.Context, l *Lease) error {
 func (sh *readShare) holdEnded(err error) {
 	sh.mu.Lock()
 	sh.closeLocked()
+	sh.gone = true
 	readers := slices.Collect(maps.Keys(sh.readers))
 	clear(sh.readers)
 	sh.mu.Unlock()

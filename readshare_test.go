@@ -3,6 +3,7 @@ package dlock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -128,4 +129,48 @@ func TestRWMutexReaderAdmittedAheadOfAWriterDoesNotShare(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = got(t, "second writer", w2).Unlock(ctx)
+}
+
+// Readers of a Client that find the lock written wait behind one of them, which waits in Redis
+// for all: the read phase admits one hold for them, which they share.
+func TestRWMutexWaitingReadersOfAClientShareOneRedisWait(t *testing.T) {
+	c1, rdb := newClient(t)
+	c2 := dlock.New(rdb)
+	t.Cleanup(func() { _ = c2.Close(context.Background()) })
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	w := must(t)(c2.RWMutex(name).Lock(ctx))
+	const n = 5
+	rs := make([]<-chan rwResult, n)
+	for i := range rs {
+		rs[i] = rwLockAsync(t, c1.RWMutex(name), true)
+	}
+	waitQueued(t, c2, name, 1)
+	for deadline := time.Now().Add(5 * time.Second); dlock.PendingReadWaiters(c1, name) < n-1; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d readers wait locally, want %d", dlock.PendingReadWaiters(c1, name), n-1)
+		}
+	}
+	if info, err := c1.Inspect(ctx, name); err != nil || info.Waiters != 1 {
+		t.Fatalf("Inspect: %+v, %v; want the Client's readers as one waiter", info, err)
+	}
+	if err := w.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var leases []*dlock.Lease
+	for i, r := range rs {
+		leases = append(leases, got(t, fmt.Sprintf("reader %d", i), r))
+		if leases[i].Owner() != leases[0].Owner() {
+			t.Fatalf("reader %d has hold %q, reader 0 %q: want one shared hold", i, leases[i].Owner(), leases[0].Owner())
+		}
+	}
+	if info, err := c1.Inspect(ctx, name); err != nil || info.Readers != 1 {
+		t.Fatalf("Inspect: %+v, %v; want one reader hold", info, err)
+	}
+	for _, l := range leases {
+		if err := l.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = must(t)(c2.RWMutex(name).TryLock(ctx)).Unlock(ctx)
 }
