@@ -33,12 +33,13 @@
 // readers, so neither side starves. A write lease's token is above every earlier lease's; the
 // readers of one read phase share a token above every earlier writer's. RLock given a write
 // lease's context re-enters it; Lock given a read lease's context fails with ErrInvalid (no
-// upgrade). A name is either a Mutex or an RWMutex: the other kind gets ErrInvalid.
+// upgrade). A name is either a Mutex or an RWMutex: the other kind gets ErrInvalid. Readers of
+// one Client share a young Redis read hold while no writer waits (reader cohorting).
 //
 // A MultiLock (Client.MultiLock) takes several locks together, all or nothing, in any order of
-// names, without deadlock among MultiLocks: it takes every free member in one pass, and when a
-// member is taken gives the others back and waits in that member's queue; after a second it
-// takes the members in name order. Its lease covers every member (Lease.Tokens gives each
+// names, without deadlock among MultiLocks: it takes every free member in one pass (one script
+// when the names share a hash slot), and when a member is taken gives the others back and
+// waits in that member's queue; after 50 ms it takes the members in name order. Its lease covers every member (Lease.Tokens gives each
 // token) and is lost with any of them.
 //
 // Waiting is fair: goroutines of one Client queue locally and are handed the lock without a

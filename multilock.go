@@ -6,14 +6,17 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/dlock-go/dlock/internal/scripts"
 )
 
 // multiPatience is how long a MultiLock waits the polite way (holding no member while another
-// is taken) before it takes the members in name order, waiting in each one's queue.
-const multiPatience = time.Second
+// is taken) before it takes the members in name order, waiting in each one's queue. Under heavy
+// contention the polite way mostly gives back what it waited for; 50 ms measured best (bench/:
+// 1 s gave a third fewer operations and four times the p99 wait).
+const multiPatience = 50 * time.Millisecond
 
 // A MultiLock is a handle on several named locks taken together, all or nothing: Redisson's
 // MultiLock. Its members are ordinary locks: a MultiLock over {a, b} excludes a Mutex on a, and
@@ -22,10 +25,11 @@ const multiPatience = time.Second
 // its own, unless made WithOwner).
 //
 // Waiting never deadlocks and never sits on free members for long: Lock takes every member that
-// is free in one pass in name order, and when one is taken it gives back what it took and waits
+// is free in one pass in name order (one script when every name's keys share a hash slot: on a
+// single Redis always, on a Cluster when the names share a {tag}), and when one is taken it gives back what it took and waits
 // in that member's FIFO queue (woken by push when the member is handed to it), then tries the
 // others again. So a Mutex on a free member waits for a waiting MultiLock at most one such
-// pass. After waiting multiPatience (1s) it stops giving way: it takes the members in name
+// pass. After waiting multiPatience (50 ms) it stops giving way: it takes the members in name
 // order, waiting in each one's queue and keeping what it has, which every MultiLock does in the
 // same order, so two of them never wait for each other. (Code that nests plain Mutexes on the
 // same names in another order can still deadlock with it then, as with any ordered locking.)
@@ -304,18 +308,37 @@ func (c *Client) takeInOrder(ctx context.Context, specs []holdSpec) ([]*hold, er
 // giveBack releases holds nobody was handed a lease on (a MultiLock that did not get every
 // member, or lost one), retrying in the background when Redis gives no answer.
 func (c *Client) giveBack(holds []*hold) {
+	var releasing []*hold
 	for _, h := range holds {
-		if h == nil || !h.beginRelease() {
-			continue
+		if h != nil && h.beginRelease() {
+			releasing = append(releasing, h)
 		}
-		ctx, cancel := context.WithTimeout(c.cleanup, abandonTimeout)
-		_, err := h.release(ctx)
-		cancel()
+	}
+	ctx, cancel := context.WithTimeout(c.cleanup, abandonTimeout)
+	defer cancel()
+	_, errs := releaseAll(ctx, releasing)
+	for i, h := range releasing {
 		h.end(nil, false)
-		if err != nil {
+		if errs[i] != nil {
 			h.releaseLater()
 		}
 	}
+}
+
+// releaseAll runs the release of every hold at once (members live on their own slots, each a
+// round trip) and returns each one's answer.
+func releaseAll(ctx context.Context, hs []*hold) ([]int, []error) {
+	ns, errs := make([]int, len(hs)), make([]error, len(hs))
+	var wg sync.WaitGroup
+	for i, h := range hs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ns[i], errs[i] = h.release(ctx)
+		}()
+	}
+	wg.Wait()
+	return ns, errs
 }
 
 // unlockAll releases every member hold of a MultiLock lease: Unlock's work when the lease has
@@ -324,18 +347,22 @@ func (c *Client) giveBack(holds []*hold) {
 func (l *Lease) unlockAll(ctx context.Context) error {
 	var errs []error
 	var lost error
+	var releasing []*hold
 	for _, h := range l.hd.holds() {
 		if !h.beginRelease() {
 			lost = cmpOr(lost, h.lossErr())
 			continue
 		}
-		n, err := h.release(ctx)
+		releasing = append(releasing, h)
+	}
+	ns, rerrs := releaseAll(ctx, releasing)
+	for i, h := range releasing {
 		switch {
-		case err != nil:
+		case rerrs[i] != nil:
 			h.end(nil, false)
 			h.releaseLater()
-			errs = append(errs, redisErr("unlock", h.name, err))
-		case n == 0:
+			errs = append(errs, redisErr("unlock", h.name, rerrs[i]))
+		case ns[i] == 0:
 			gone := leaseLost(h.name, errKeyGone)
 			h.end(gone, false)
 			lost = cmpOr(lost, gone)
