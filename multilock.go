@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dlock-go/dlock/internal/scripts"
@@ -47,7 +48,7 @@ type MultiLock struct {
 	cfg   config
 	err   error // bad names or options, reported by Lock and TryLock
 	// together: every member's keys are on one node's slot, so a pass is one script
-	together bool
+	together atomic.Bool
 
 	ids ownerIDs // see Owner
 }
@@ -71,7 +72,7 @@ func (c *Client) MultiLock(names []string, opts ...Option) *MultiLock {
 		ml.keys = append(ml.keys, lockKeys(ml.cfg.keyPrefix(), n))
 	}
 	ml.err = join(errs...)
-	ml.together = ml.err == nil && c.oneSlot(ml.keys)
+	ml.together.Store(ml.err == nil && c.oneSlot(ml.keys))
 	return ml
 }
 
@@ -112,7 +113,7 @@ func (ml *MultiLock) lock(ctx context.Context, wait bool) (*Lease, error) {
 		for i, n := range ml.names {
 			specs[i] = holdSpec{name: n, keys: ml.keys[i], cfg: ml.cfg, owner: owner, reentrant: ml.cfg.ownerSet}
 		}
-		hs, err := ml.c.takeAll(ctx, specs, ml.together, wait)
+		hs, err := ml.c.takeAll(ctx, specs, &ml.together, wait)
 		if err != nil {
 			return nil, err
 		}
@@ -123,8 +124,9 @@ func (ml *MultiLock) lock(ctx context.Context, wait bool) (*Lease, error) {
 }
 
 // takeAll takes a hold on every spec (sorted by name) or none; see MultiLock for the waiting.
-// together says the members share a slot, so a pass may take them in one script.
-func (c *Client) takeAll(ctx context.Context, specs []holdSpec, together, wait bool) ([]*hold, error) {
+// together says the members share a slot, so a pass may take them in one script (cleared when
+// the server refuses that: a proxy that shards a single endpoint's keys).
+func (c *Client) takeAll(ctx context.Context, specs []holdSpec, together *atomic.Bool, wait bool) ([]*hold, error) {
 	taken := make([]*hold, len(specs))
 	start := c.now()
 	backoff := time.Duration(0)
@@ -182,9 +184,15 @@ func (c *Client) takeAll(ctx context.Context, specs []holdSpec, together, wait b
 // and are all free, else one after the other in name order. It stops at the first member it
 // cannot take and returns its index and error (what it took stays in taken for the caller to
 // give back); -1 and nil when every member is taken.
-func (c *Client) pass(ctx context.Context, specs []holdSpec, taken []*hold, together bool) (int, error) {
-	if together {
-		if i, done, err := c.takeTogether(ctx, specs, taken); done {
+func (c *Client) pass(ctx context.Context, specs []holdSpec, taken []*hold, together *atomic.Bool) (int, error) {
+	untaken := 0
+	for _, h := range taken {
+		if h == nil {
+			untaken++
+		}
+	}
+	if untaken > 1 && together.Load() {
+		if i, done, err := c.takeTogether(ctx, specs, taken, together); done {
 			return i, err
 		}
 	}
@@ -204,8 +212,8 @@ func (c *Client) pass(ctx context.Context, specs []holdSpec, taken []*hold, toge
 // takeTogether takes every member not taken yet in one script (multi_acquire.lua), when all of
 // them are free and nobody queues for them. done false means a member needs more than that (a
 // queue to respect, a lock of the caller's, an error to report): the caller goes member by
-// member. Otherwise it returns as pass does.
-func (c *Client) takeTogether(ctx context.Context, specs []holdSpec, taken []*hold) (i int, done bool, err error) {
+// member. Otherwise it returns as pass does. At least two members must be untaken.
+func (c *Client) takeTogether(ctx context.Context, specs []holdSpec, taken []*hold, together *atomic.Bool) (i int, done bool, err error) {
 	var idx []int
 	var ks, ids []string
 	for i, s := range specs {
@@ -228,15 +236,24 @@ func (c *Client) takeTogether(ctx context.Context, specs []holdSpec, taken []*ho
 		args = append(args, id)
 	}
 	sent := c.now()
+	dropAll := func() {
+		for j, i := range idx {
+			c.abandon(specs[i], ids[j])
+		}
+	}
 	res, err := scripts.MultiAcquire.Run(ctx, c.rdb, ks, args...).Int64Slice()
+	if err != nil && strings.HasPrefix(err.Error(), "CROSSSLOT") {
+		// A proxy in front of a sharded deployment, behind a single endpoint: member by
+		// member from now on, as on a Cluster.
+		together.Store(false)
+		return 0, false, nil
+	}
 	if err != nil {
 		if classify(err) == replyUnavailable {
 			c.topologyMayHaveChanged(ctx)
 		}
 		if !isRedisReply(err) { // it may have run with its reply lost: undo it
-			for j, i := range idx {
-				c.abandon(specs[i], ids[j])
-			}
+			dropAll()
 		}
 		if cerr := ctx.Err(); cerr != nil {
 			return idx[0], true, notObtained(s0.name, cerr, redisErr("lock", s0.name, err))
@@ -245,6 +262,9 @@ func (c *Client) takeTogether(ctx context.Context, specs []holdSpec, taken []*ho
 	}
 	switch {
 	case len(res) == 1 && res[0] == -1:
+		return 0, false, nil
+	case len(res) == 1 && res[0] == -2: // a resend found part of what the lost reply took
+		dropAll()
 		return 0, false, nil
 	case len(res) == 3 && res[0] == 0 && res[1] >= 1 && int(res[1]) <= len(idx):
 		i := idx[res[1]-1]
@@ -255,9 +275,14 @@ func (c *Client) takeTogether(ctx context.Context, specs []holdSpec, taken []*ho
 	for j, i := range idx {
 		h, _, err := c.startHold(ctx, specs[i], ids[j], uint64(res[j+1]), false, ttl, sent)
 		if err != nil {
-			for k := j + 1; k < len(idx); k++ { // taken in Redis, never started here
-				c.abandon(specs[idx[k]], ids[k])
+			// The later members were taken in Redis but never started here: released now,
+			// not in the background, which Close may no longer allow.
+			rctx, cancel := context.WithTimeout(c.cleanup, abandonTimeout)
+			for k := j + 1; k < len(idx); k++ {
+				s := specs[idx[k]]
+				_, _ = runRelease(rctx, c, s.keys, s.owner, ids[k], s.access, releaseIfAcquired)
 			}
+			cancel()
 			return i, true, err
 		}
 		taken[i] = h

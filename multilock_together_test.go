@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/internal/redistest"
+	"github.com/dlock-go/dlock/internal/scripts"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -158,4 +160,74 @@ func distinctSlots(names []string) int {
 		seen[dlock.KeySlot(fmt.Sprintf("%s{%s}", dlock.DefaultKeyPrefix, n))] = true
 	}
 	return len(seen)
+}
+
+// A resend of the one-script pass (go-redis retries a script whose reply was lost) finds the
+// members it took and answers as the first run did, taking nothing twice; a resend that finds
+// only some of them answers -2 (the caller drops them), and a free member whose fence key is
+// of another type sends the caller member by member before anything is written.
+func TestMultiAcquireScriptResend(t *testing.T) {
+	rdb := redistest.Client(t)
+	ctx := ctxT(t)
+	a, b := names(t), lockNames{}
+	b.lock, b.fence, b.queue = a.lock+"b", a.fence+"b", a.queue+"b" // same slot: same {tag}
+	run := func(ids ...string) []int64 {
+		t.Helper()
+		res, err := scripts.MultiAcquire.Run(ctx, rdb, []string{a.lock, a.fence, a.queue, b.lock, b.fence, b.queue},
+			"owner-1", 30000, ids[0], ids[1]).Int64Slice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	first := run("h1", "h2")
+	if len(first) != 3 || first[0] != 1 {
+		t.Fatalf("first run: %v", first)
+	}
+	if again := run("h1", "h2"); !slices.Equal(again, first) {
+		t.Fatalf("resend: %v, want %v", again, first)
+	}
+	if other := run("h3", "h4"); other[0] != -1 {
+		t.Fatalf("another call of the same owner: %v, want -1 (member by member)", other)
+	}
+	if n, _ := rdb.HGet(ctx, a.lock, "owner-1").Int(); n != 1 {
+		t.Fatalf("hold count after resends: %d, want 1", n)
+	}
+	rdb.Del(ctx, b.lock)
+	if part := run("h1", "h2"); len(part) != 1 || part[0] != -2 {
+		t.Fatalf("resend with one member gone: %v, want -2", part)
+	}
+	rdb.Del(ctx, a.lock, b.fence)
+	if err := rdb.HSet(ctx, b.fence, "x", "y").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if res := run("h5", "h6"); len(res) != 1 || res[0] != -1 {
+		t.Fatalf("fence key of another type: %v, want -1", res)
+	}
+	if n, _ := rdb.Exists(ctx, a.lock).Result(); n != 0 {
+		t.Fatal("a member was written before the check of a later one failed")
+	}
+}
+
+// A MultiLock of one name that has to wait gets it (once waited for, no member is left for
+// a one-script pass).
+func TestMultiLockOfOneNameWaits(t *testing.T) {
+	c, _ := newClient(t)
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	held := must(t)(c.Mutex(name).Lock(ctx))
+	ch := make(chan error, 1)
+	go func() {
+		l, err := c.MultiLock([]string{name}).Lock(ctx)
+		if err == nil {
+			err = l.Unlock(ctx)
+		}
+		ch <- err
+	}()
+	waitQueued(t, c, name, 1)
+	_ = held.Unlock(ctx)
+	if err := <-ch; err != nil {
+		t.Fatal(err)
+	}
+	_ = must(t)(c.Mutex(name).TryLock(ctx)).Unlock(ctx)
 }

@@ -30,6 +30,8 @@ type readShare struct {
 	since time.Time
 	sub   *subscription // woken when a writer joins the queue; nil without push
 
+	ageOut *time.Timer // closes the share at readShareAge (sh.mu)
+
 	mu      sync.Mutex
 	closed  bool // no new reader joins (but those the hold was waited for: joinWaited)
 	gone    bool // released or ended: nobody joins
@@ -118,29 +120,37 @@ func (c *Client) newShare(ctx context.Context, rw *RWMutex, ref lockRef, wait bo
 		sh.holdEnded(herr)
 		return l, nil
 	}
-	n := c.notifierFor(ctx, rw.keys.lock)
+	// Listen for writers only on a channel this Client already has subscribed (a lock with
+	// waiters): a fresh subscription costs a round trip, and for an uncontended lock the age
+	// bound alone is as good.
+	if n := c.notifierFor(ctx, rw.keys.lock); n != nil && !h.othersWait && n.subscribed(rw.keys.channel) {
+		sh.sub = n.subscribe(ctx, rw.keys.channel, writerWaits)
+	}
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if sh.closed || h.othersWait {
 		sh.closed = true // ended meanwhile, or a writer waits: the hold is the caller's alone
+		sh.unsubscribeLocked()
 		return l, nil
-	}
-	if n != nil {
-		// Not waiting for the confirmation: a writer that queues before it is missed, and
-		// then the batch time alone bounds how long local readers keep joining.
-		done, cancel := context.WithCancel(context.Background())
-		cancel()
-		sh.sub = n.subscribe(done, rw.keys.channel, writerWaits)
 	}
 	c.mu.Lock()
 	c.shares[sh.key] = sh
 	c.mu.Unlock()
+	// Closed when its time is up, so it holds no subscription or table entry after.
+	sh.ageOut = time.AfterFunc(readShareAge, func() {
+		sh.mu.Lock()
+		defer sh.mu.Unlock()
+		sh.closeLocked()
+	})
 	return l, nil
 }
 
 // joinShare returns a read lease on the Client's open read hold of the lock, or nil when there
 // is none that may take one more reader.
 func (c *Client) joinShare(ctx context.Context, key string, ref lockRef) *Lease {
+	if c.checkOpen() != nil {
+		return nil // the caller's own attempt reports ErrClosed
+	}
 	c.mu.Lock()
 	sh := c.shares[key]
 	c.mu.Unlock()
@@ -202,6 +212,9 @@ func (sh *readShare) closeLocked() {
 	}
 	sh.closed = true
 	sh.unsubscribeLocked()
+	if sh.ageOut != nil {
+		sh.ageOut.Stop()
+	}
 	sh.c.mu.Lock()
 	if sh.c.shares[sh.key] == sh {
 		delete(sh.c.shares, sh.key)
@@ -232,6 +245,15 @@ func (sh *readShare) unlock(ctx context.Context, l *Lease) error {
 	}
 	sh.mu.Unlock()
 	switch {
+	case !last && !sh.h.valid():
+		// Others still read through the hold, but it is no longer certainly held: this
+		// reader's lease may have run out before its Unlock, which must not say otherwise.
+		lost := leaseLost(l.ref.name, errDeadline)
+		if !sh.h.isHeld() {
+			lost = sh.h.lossErr()
+		}
+		l.finish(lost, true)
+		return l.heldErr()
 	case !last:
 		l.finish(nil, true)
 		return nil

@@ -70,7 +70,13 @@ func TestRWMutexQueuedWriterStopsReaderSharing(t *testing.T) {
 	t.Cleanup(func() { _ = c2.Close(context.Background()) })
 	ctx := ctxT(t)
 	name := redistest.Name(t)
-	first := must(t)(c1.RWMutex(name).RLock(ctx))
+	// c1 listens for writers on a lock whose channel it has subscribed (a lock it waited
+	// for): its first reader waits behind a writer of c2.
+	w0 := must(t)(c2.RWMutex(name).Lock(ctx))
+	r := rwLockAsync(t, c1.RWMutex(name), true)
+	waitQueued(t, c2, name, 1)
+	_ = w0.Unlock(ctx)
+	first := got(t, "first reader", r)
 	held := []*dlock.Lease{first}
 	w := rwLockAsync(t, c2.RWMutex(name), false)
 	waitQueued(t, c2, name, 1)
@@ -173,4 +179,28 @@ func TestRWMutexWaitingReadersOfAClientShareOneRedisWait(t *testing.T) {
 		}
 	}
 	_ = must(t)(c2.RWMutex(name).TryLock(ctx)).Unlock(ctx)
+}
+
+// A shared read hold lost in Redis ends every reader's lease; a reader that unlocks after the
+// loss, while another still reads, is told its lease was lost, never that it unlocked a held
+// lock.
+func TestRWMutexSharedHoldLossEndsEveryReader(t *testing.T) {
+	dlock.SetReadShareAge(t, time.Hour)
+	c, _ := newClient(t, dlock.WithTTL(time.Second), dlock.WithFixedLease())
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	a := must(t)(c.RWMutex(name).RLock(ctx))
+	b := must(t)(c.RWMutex(name).RLock(ctx))
+	if a.Owner() != b.Owner() {
+		t.Fatal("the readers do not share a hold")
+	}
+	waitDone(t, a, 5*time.Second) // the fixed lease runs out
+	waitDone(t, b, 5*time.Second)
+	if err := a.Unlock(ctx); !errors.Is(err, dlock.ErrNotHeld) || !errors.Is(err, dlock.ErrLeaseLost) {
+		t.Fatalf("Unlock of a reader whose shared hold ran out: %v, want ErrNotHeld and ErrLeaseLost", err)
+	}
+	if err := b.Unlock(ctx); !errors.Is(err, dlock.ErrNotHeld) {
+		t.Fatalf("Unlock of the other reader: %v, want ErrNotHeld", err)
+	}
+	_ = must(t)(c.RWMutex(name).Lock(ctx)).Unlock(ctx) // the lock is free once Redis's TTL ran out
 }

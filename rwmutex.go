@@ -36,8 +36,10 @@ import (
 // Readers of one Client share Redis holds (reader cohorting, unless WithoutCohort or
 // WithOwner): an RLock joins a read hold its Client already has on the lock without a round
 // trip, while that hold is under 5 ms old and no writer waits for the lock in Redis (the
-// Client learns of a writer joining the queue by push; without push the 5 ms bound alone
-// applies). The shared hold shows in Inspect as one reader, its leases have its owner id, it is
+// acquire's reply says whether anyone waited, and a writer joining the queue later is pushed to
+// a Client that has the lock's channel subscribed, as it has while it waits for the lock;
+// otherwise the 5 ms bound alone applies). Readers that find the lock taken wait behind one
+// of them, which waits in Redis's queue for all and shares the hold it gets with them. The shared hold shows in Inspect as one reader, its leases have its owner id, it is
 // released when its last reader unlocks, and all of them end if it is lost. Writers never
 // share: every write lease is a Redis hold of its own.
 type RWMutex struct {

@@ -9,29 +9,47 @@
 -- ARGV[2 + i] hold id of member i
 --
 -- Returns {1, token_1, ..., token_n} when the caller now holds every member, each a fresh
--- hold with a token block of its own; {0, i, pttl} when member i (1-based) is a lock another
--- owner holds, and nothing was written; {-1} when a member is free but has a queue, is held by
--- the caller, or is not a current mutex lock hash (another layout or kind, another type), and
--- nothing was written: the caller takes the members one by one with acquire.
+-- hold with a token block of its own, or when a retry of this call finds every member held
+-- by it already (go-redis resends a script whose reply was lost); {0, i, pttl} when member i
+-- (1-based) is a lock another owner holds, and nothing was written; {-1} when a member is free
+-- but has a queue, is held by the caller, or is not a current mutex lock hash (another layout
+-- or kind, another type), and nothing was written: the caller takes the members one by one
+-- with acquire; {-2} when a retry finds some members held by this call and others not (they
+-- expired meanwhile): the caller drops this call's holds and goes member by member.
 local owner, ttl = ARGV[1], ARGV[2]
 local n = #KEYS / 3
+local tokens, mine = {1}, 0
 for i = 1, n do
   local k_lock = KEYS[3 * i - 2]
   if redis.call('EXISTS', k_lock) == 1 then
-    local f, ok = lock_fields(k_lock, owner, '#v', '#k')
-    if not ok or f[1] or f[2] ~= LAYOUT or f[3] then
+    local f, ok = lock_fields(k_lock, owner, '#v', '#k', '#' .. ARGV[2 + i], '#t')
+    if ok and f[4] then
+      mine = mine + 1 -- this very call took it: a resend
+      tokens[i + 1] = tonumber(f[5])
+    elseif not ok or f[1] or f[2] ~= LAYOUT or f[3] then
+      return {-1}
+    else
+      return {0, i, redis.call('PTTL', k_lock)}
+    end
+  else
+    if redis.call('EXISTS', KEYS[3 * i]) == 1 then
       return {-1}
     end
-    return {0, i, redis.call('PTTL', k_lock)}
-  end
-  if redis.call('EXISTS', KEYS[3 * i]) == 1 then
-    return {-1}
+    -- The fence is read before anything is written: a key of another type stops us here.
+    local v = redis.pcall('GET', KEYS[3 * i - 1])
+    if type(v) == 'table' and v.err then
+      return {-1}
+    end
   end
 end
-local res = {1}
+if mine == n then
+  return tokens
+elseif mine > 0 then
+  return {-2}
+end
 for i = 1, n do
   local token = reserve_block(KEYS[3 * i - 1])
   hold_lock(KEYS[3 * i - 2], owner, '#' .. ARGV[2 + i], token, ttl, '')
-  res[i + 1] = token
+  tokens[i + 1] = token
 end
-return res
+return tokens
