@@ -363,7 +363,7 @@ func (w *worker) critical(ctx context.Context, h *held) {
 			return
 		}
 	}
-	if h.lease != nil && s.Reenter > 0 && w.rng.Float64() < s.Reenter {
+	if h.lease != nil && h.members == nil && s.Reenter > 0 && w.rng.Float64() < s.Reenter {
 		w.reenter(ctx, h)
 	}
 	step := min(s.Work, s.TTL/4)
@@ -407,14 +407,23 @@ func (w *worker) reenter(ctx context.Context, h *held) {
 		rctx, cancel = context.WithTimeout(rctx, s.OpTimeout)
 		defer cancel()
 	}
-	m := w.c.Mutex(fmt.Sprintf("safety-%d", h.lock)) // another handle on the same lock
+	name := fmt.Sprintf("safety-%d", h.lock)
+	lock, try := w.c.Mutex(name).Lock, w.c.Mutex(name).TryLock // another handle on the same lock
+	if s.Workload == "rw" {
+		// A read lease re-enters to read; a write lease to write, or to read (a downgrade).
+		rw := w.c.RWMutex(name)
+		lock, try = rw.Lock, rw.TryLock
+		if h.acq.Mode == "r" || w.rng.IntN(2) == 0 {
+			lock, try = rw.RLock, rw.TryRLock
+		}
+	}
 	call := mono()
 	var in *dlock.Lease
 	var err error
 	if w.rng.IntN(2) == 0 {
-		in, err = m.Lock(rctx)
+		in, err = lock(rctx)
 	} else {
-		in, err = m.TryLock(rctx)
+		in, err = try(rctx)
 	}
 	o := op{Lock: h.lock, Kind: "reenter", Call: call, Return: mono(), Token: in.Token(), Acq: h.acq.Call, Result: outcomeOf(err, "fail")}
 	if err != nil {

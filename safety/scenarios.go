@@ -128,6 +128,8 @@ var scenarios = []scenario{
 	// Issue 10: RWMutex and MultiLock under the faults whose guarantees they share with Mutex.
 	{Name: "rw-F1", Workload: "rw", Fault: "F1", FullDur: 30 * time.Second, Guarantee: primitives,
 		About: "RWMutex, half the rounds RLock and half Lock, holders paused (SIGSTOP) for 0.5-3 x TTL: no writer's window overlaps another lease's (reader or writer), readers may overlap readers, a write token is above every earlier lease's and a reader's above every earlier writer's"},
+	{Name: "rw-default-F1", Workload: "rw", Fault: "F1", Default: true, FullDur: 30 * time.Second, Guarantee: primitives,
+		About: "rw-F1 as shipped: cohorting on, 4 goroutines per process, so the readers of a process share Redis read holds (reader cohorting) and wait behind one of them; holders paused (SIGSTOP) for 0.5-3 x TTL: a paused reader's shared hold ends for every reader of it, and no writer's window overlaps any of theirs"},
 	{Name: "rw-F5", Workload: "rw", Fault: "F5", FullOnly: true, FullDur: 30 * time.Second, Guarantee: primitives,
 		About: "RWMutex readers and writers, Redis paused (SIGSTOP) for 1.5 x TTL"},
 	{Name: "rw-F6-aof", Workload: "rw", Fault: "F6-aof", FullOnly: true, FullDur: 30 * time.Second, Guarantee: primitives,
