@@ -231,3 +231,34 @@ func TestMultiLockOfOneNameWaits(t *testing.T) {
 	}
 	_ = must(t)(c.Mutex(name).TryLock(ctx)).Unlock(ctx)
 }
+
+// A resend that finds a member of this call's and a later one taken by another owner still
+// answers -2, so the caller drops what the lost reply took.
+func TestMultiAcquireResendWithALaterMemberTaken(t *testing.T) {
+	rdb := redistest.Client(t)
+	ctx := ctxT(t)
+	a := names(t)
+	b := lockNames{lock: a.lock + "b", fence: a.fence + "b", queue: a.queue + "b"}
+	run := func(ids ...string) []int64 {
+		t.Helper()
+		res, err := scripts.MultiAcquire.Run(ctx, rdb, []string{a.lock, a.fence, a.queue, b.lock, b.fence, b.queue},
+			"owner-1", 30000, ids[0], ids[1]).Int64Slice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	if first := run("h1", "h2"); first[0] != 1 {
+		t.Fatalf("first run: %v", first)
+	}
+	rdb.Del(ctx, b.lock)
+	if res := run("other-1", "other-2"); res[0] != -1 { // same owner, another call: a is "held by the caller"
+		t.Fatalf("%v", res)
+	}
+	if err := rdb.HSet(ctx, b.lock, "owner-2", 1, "#x9", 1, "#t", 5, "#v", dlock.LayoutVersion).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if res := run("h1", "h2"); len(res) != 1 || res[0] != -2 {
+		t.Fatalf("resend with the later member taken by another owner: %v, want -2", res)
+	}
+}

@@ -32,107 +32,170 @@ type readShare struct {
 
 	ageOut *time.Timer // closes the share at readShareAge (sh.mu)
 
-	mu      sync.Mutex
-	closed  bool // no new reader joins (but those the hold was waited for: joinWaited)
-	gone    bool // released or ended: nobody joins
-	readers map[*holding]struct{}
+	mu       sync.Mutex
+	closed   bool // no new reader joins (but those the hold was waited for: joinReserved)
+	gone     bool // released or ended: nobody joins
+	readers  map[*holding]struct{}
+	reserved int // places of readers that waited for the hold and have not joined yet
 }
 
-// A pendingRead is a reader of a Client waiting in the Redis queue on behalf of the Client's
-// readers that come while it waits: they wait for it locally and join the hold it gets, so a
-// read phase admits one hold per Client rather than one per goroutine.
+// A pendingRead is a Client's wait in the Redis queue for a read hold, on behalf of every
+// reader of the Client that found no hold to join: they wait for it locally, and the hold it
+// gets has a place reserved for each of them, so a read phase admits one hold per Client
+// rather than one per goroutine, and none of them loses its place to a writer that came after
+// it. The wait goes on while any of them still waits (it runs on its own goroutine).
 type pendingRead struct {
 	done    chan struct{} // closed when the wait ended
-	sh      *readShare    // the hold it got, nil if none; set before done is closed
-	waiters int           // readers waiting for it (Client.mu)
+	sh      *readShare    // the hold it got, with the waiters' places reserved; set before done
+	err     error         // why it got none, unless every waiter had left; set before done
+	waiters int           // readers waiting for it (Client.mu); the wait ends when none is left
+	cancel  context.CancelFunc
 }
 
 // sharedRead takes rw to read for a goroutine of the Client: it joins the Client's open read
-// hold if it may, or else the hold a reader of the Client is already waiting for, or else
-// takes a hold of its own (waiting when wait is set) for later readers to join.
+// hold if it may; otherwise TryRLock takes a hold of its own, and RLock waits with the
+// Client's other readers for one (see pendingRead). Later readers may join either.
 func (c *Client) sharedRead(ctx context.Context, rw *RWMutex, ref lockRef, wait bool) (*Lease, error) {
 	for {
 		if l := c.joinShare(ctx, rw.share, ref); l != nil {
 			return l, nil
 		}
 		if !wait {
-			return c.newShare(ctx, rw, ref, false)
-		}
-		c.mu.Lock()
-		p := c.pendingReads[rw.share]
-		mine := p == nil
-		if mine {
-			p = &pendingRead{done: make(chan struct{})}
-			c.pendingReads[rw.share] = p
-		} else {
-			p.waiters++
-		}
-		c.mu.Unlock()
-		if mine {
-			l, err := c.newShare(ctx, rw, ref, true)
-			if err == nil {
-				p.sh = l.hd.co.(*readShare)
+			h, _, err := c.tryHold(ctx, rw.shareSpec(), false)
+			if err != nil {
+				return nil, err
 			}
-			c.mu.Lock()
-			delete(c.pendingReads, rw.share)
-			c.mu.Unlock()
-			close(p.done)
-			return l, err
-		}
-		select {
-		case <-p.done:
-		case <-ctx.Done():
-			return nil, notObtained(rw.name, ctx.Err())
-		case <-c.bg.Done():
-			return nil, fmt.Errorf("%w: lock %q", ErrClosed, rw.name)
-		}
-		if p.sh != nil {
-			if l := p.sh.joinWaited(ctx, ref); l != nil {
+			if l := c.openShare(rw, h, 1).joinReserved(ctx, ref); l != nil {
 				return l, nil
 			}
+			return nil, notObtained(rw.name, errLostAtOnce)
 		}
-		// It got nothing (its caller gave up, an error), or its hold is gone already: go on
-		// as a new reader.
+		p, err := c.awaitRead(ctx, rw)
+		if err != nil {
+			return nil, err
+		}
+		if p.sh == nil {
+			return nil, p.err
+		}
+		if l := p.sh.joinReserved(ctx, ref); l != nil {
+			return l, nil
+		}
+		// The hold was lost before we could read through it: wait again.
 	}
 }
 
-// newShare takes a read hold of the Client's own for rw (waiting when wait is set) and returns
-// a lease on it, opening it to later local readers unless a writer waits.
-func (c *Client) newShare(ctx context.Context, rw *RWMutex, ref lockRef, wait bool) (*Lease, error) {
-	// Each shared hold is an owner of its own in Redis: a reader's entries there are per owner.
-	s := holdSpec{name: rw.name, keys: rw.keys, cfg: rw.cfg, access: accessRead,
-		owner: c.id + rw.share[len(rw.keys.lock):] + "/r" + c.nextHoldID()}
-	var h *hold
-	var err error
-	if wait {
-		h, err = c.waitHold(ctx, s, false)
-	} else {
-		h, _, err = c.tryHold(ctx, s, false)
+// shareSpec is the spec of a new shared read hold: an owner of its own in Redis, since a
+// reader's entries there are per owner.
+func (rw *RWMutex) shareSpec() holdSpec {
+	return holdSpec{name: rw.name, keys: rw.keys, cfg: rw.cfg, access: accessRead,
+		owner: rw.c.id + rw.share[len(rw.keys.lock):] + "/r" + rw.c.nextHoldID()}
+}
+
+// awaitRead waits, with the Client's other readers of rw, for the read hold the Client waits
+// for in Redis (starting that wait if none is under way). It returns the ended wait, which has
+// a place reserved for the caller on its hold, or the caller's own ctx or Close error.
+func (c *Client) awaitRead(ctx context.Context, rw *RWMutex) (*pendingRead, error) {
+	var wctx context.Context
+	c.mu.Lock()
+	p := c.pendingReads[rw.share]
+	fresh := p == nil
+	if fresh {
+		p = &pendingRead{done: make(chan struct{})}
+		wctx, p.cancel = context.WithCancel(c.bg)
+		c.pendingReads[rw.share] = p
 	}
-	if err != nil {
-		return nil, err
+	p.waiters++
+	c.mu.Unlock()
+	if fresh {
+		if c.goBackground() {
+			go c.waitRead(wctx, rw, p)
+		} else {
+			c.endWait(rw, p, nil, fmt.Errorf("%w: lock %q", ErrClosed, rw.name))
+		}
 	}
-	sh := &readShare{c: c, key: rw.share, h: h, since: c.now(), readers: make(map[*holding]struct{})}
-	hd := newHolding(h, sh, h.token)
-	sh.readers[hd] = struct{}{}
-	l := hd.first(ctx, ref)
-	if ended, herr := h.setOnEnd(sh.holdEnded); ended {
-		sh.holdEnded(herr)
-		return l, nil
+	select {
+	case <-p.done:
+		return p, nil
+	case <-ctx.Done():
+		c.leaveWait(rw, p)
+		return nil, notObtained(rw.name, ctx.Err())
+	case <-c.bg.Done():
+		c.leaveWait(rw, p)
+		return nil, fmt.Errorf("%w: lock %q", ErrClosed, rw.name)
+	}
+}
+
+// waitRead is the Client's wait in Redis for a read hold of rw, on behalf of p's waiters.
+func (c *Client) waitRead(ctx context.Context, rw *RWMutex, p *pendingRead) {
+	defer c.wg.Done()
+	h, err := c.waitHold(ctx, rw.shareSpec(), false)
+	c.endWait(rw, p, h, err)
+}
+
+// endWait ends p with the hold h got for its waiters (given back if none is left) or err.
+func (c *Client) endWait(rw *RWMutex, p *pendingRead, h *hold, err error) {
+	defer p.cancel()
+	c.mu.Lock()
+	if c.pendingReads[rw.share] == p {
+		delete(c.pendingReads, rw.share)
+	}
+	n := p.waiters // from now on a waiter that leaves gives its place back (leaveWait)
+	c.mu.Unlock()
+	switch {
+	case h != nil && n > 0:
+		p.sh = c.openShare(rw, h, n)
+	case h != nil:
+		c.giveBack([]*hold{h}) // everyone left as it came
+	}
+	p.err = err
+	close(p.done)
+}
+
+// leaveWait takes a reader that stops waiting out of p: the Redis wait ends when it was the
+// last, and a place already reserved for it on p's hold is given back.
+func (c *Client) leaveWait(rw *RWMutex, p *pendingRead) {
+	c.mu.Lock()
+	if c.pendingReads[rw.share] == p {
+		p.waiters--
+		if p.waiters == 0 {
+			delete(c.pendingReads, rw.share)
+			p.cancel()
+		}
+		c.mu.Unlock()
+		return
+	}
+	c.mu.Unlock()
+	<-p.done // ending now, with a place counted for us
+	if p.sh != nil {
+		p.sh.unreserve()
+	}
+}
+
+// openShare makes h a shared read hold with reserved places for readers that waited for it,
+// open to later local readers while it is young unless a writer waits.
+func (c *Client) openShare(rw *RWMutex, h *hold, reserved int) *readShare {
+	sh := &readShare{c: c, key: rw.share, h: h, since: c.now(), reserved: reserved, readers: make(map[*holding]struct{})}
+	if ended, _ := h.setOnEnd(sh.holdEnded); ended {
+		sh.closed, sh.gone = true, true // lost at once: the waiters wait again
+		return sh
 	}
 	// Listen for writers only on a channel this Client already has subscribed (a lock with
 	// waiters): a fresh subscription costs a round trip, and for an uncontended lock the age
 	// bound alone is as good.
-	if n := c.notifierFor(ctx, rw.keys.lock); n != nil && !h.othersWait && n.subscribed(rw.keys.channel) {
-		sh.sub = n.subscribe(ctx, rw.keys.channel, writerWaits)
+	var sub *subscription
+	if n := c.notifierFor(c.bg, rw.keys.lock); n != nil && !h.othersWait && n.subscribed(rw.keys.channel) {
+		sub = n.subscribe(c.bg, rw.keys.channel, writerWaits)
 	}
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if sh.closed || h.othersWait {
-		sh.closed = true // ended meanwhile, or a writer waits: the hold is the caller's alone
-		sh.unsubscribeLocked()
-		return l, nil
+		sh.closed = true // ended meanwhile, or a writer waits: only the waiters read through it
+		if sub != nil {
+			sub.close()
+		}
+		return sh
 	}
+	sh.sub = sub
 	c.mu.Lock()
 	c.shares[sh.key] = sh
 	c.mu.Unlock()
@@ -142,7 +205,7 @@ func (c *Client) newShare(ctx context.Context, rw *RWMutex, ref lockRef, wait bo
 		defer sh.mu.Unlock()
 		sh.closeLocked()
 	})
-	return l, nil
+	return sh
 }
 
 // joinShare returns a read lease on the Client's open read hold of the lock, or nil when there
@@ -165,17 +228,45 @@ func (c *Client) joinShare(ctx context.Context, key string, ref lockRef) *Lease 
 	return sh.addLocked(ctx, ref)
 }
 
-// joinWaited returns a read lease on the hold a reader of the Client waited for on behalf of
-// the caller, or nil when it is gone. The caller started waiting before that hold was granted,
-// so it joins even if a writer waits now (it was in line before that writer, as far as this
-// Client can tell); the readers of a Client overtake a writer by at most one such batch.
-func (sh *readShare) joinWaited(ctx context.Context, ref lockRef) *Lease {
+// joinReserved takes up a place reserved for the caller on the hold (it waited for it, so it
+// joins even once the share is closed to new readers: it was in line before any writer this
+// Client heard of) and returns its read lease, or nil when the hold is gone or no longer
+// certainly held.
+func (sh *readShare) joinReserved(ctx context.Context, ref lockRef) *Lease {
 	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	if sh.gone || !sh.h.valid() {
-		return nil
+	sh.reserved--
+	if !sh.gone && sh.h.valid() {
+		defer sh.mu.Unlock()
+		return sh.addLocked(ctx, ref)
 	}
-	return sh.addLocked(ctx, ref)
+	idle := sh.idleLocked()
+	sh.mu.Unlock()
+	if idle {
+		sh.c.giveBack([]*hold{sh.h})
+	}
+	return nil
+}
+
+// unreserve gives back a place reserved for a reader that stopped waiting.
+func (sh *readShare) unreserve() {
+	sh.mu.Lock()
+	sh.reserved--
+	idle := sh.idleLocked()
+	sh.mu.Unlock()
+	if idle {
+		sh.c.giveBack([]*hold{sh.h})
+	}
+}
+
+// idleLocked reports, once, that the hold has no reader and no reserved place left, so the
+// caller releases it.
+func (sh *readShare) idleLocked() bool {
+	if sh.gone || len(sh.readers) > 0 || sh.reserved > 0 {
+		return false
+	}
+	sh.closeLocked()
+	sh.gone = true
+	return true
 }
 
 // addLocked makes the caller a reader of the shared hold and returns its lease.
@@ -238,11 +329,7 @@ func (sh *readShare) unlock(ctx context.Context, l *Lease) error {
 		return l.heldErr()
 	}
 	delete(sh.readers, l.hd)
-	last := len(sh.readers) == 0
-	if last {
-		sh.closeLocked()
-		sh.gone = true
-	}
+	last := sh.idleLocked()
 	sh.mu.Unlock()
 	switch {
 	case !last && !sh.h.valid():

@@ -152,11 +152,7 @@ func TestRWMutexWaitingReadersOfAClientShareOneRedisWait(t *testing.T) {
 		rs[i] = rwLockAsync(t, c1.RWMutex(name), true)
 	}
 	waitQueued(t, c2, name, 1)
-	for deadline := time.Now().Add(5 * time.Second); dlock.PendingReadWaiters(c1, name) < n-1; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d readers wait locally, want %d", dlock.PendingReadWaiters(c1, name), n-1)
-		}
-	}
+	waitPendingReaders(t, c1, name, n)
 	if info, err := c1.Inspect(ctx, name); err != nil || info.Waiters != 1 {
 		t.Fatalf("Inspect: %+v, %v; want the Client's readers as one waiter", info, err)
 	}
@@ -203,4 +199,69 @@ func TestRWMutexSharedHoldLossEndsEveryReader(t *testing.T) {
 		t.Fatalf("Unlock of the other reader: %v, want ErrNotHeld", err)
 	}
 	_ = must(t)(c.RWMutex(name).Lock(ctx)).Unlock(ctx) // the lock is free once Redis's TTL ran out
+}
+
+func waitPendingReaders(t *testing.T, c *dlock.Client, name string, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); dlock.PendingReadWaiters(c, name) < n; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d readers wait together, want %d", dlock.PendingReadWaiters(c, name), n)
+		}
+	}
+}
+
+// Readers of a Client waiting together each have a place on the hold their wait gets: one
+// that unlocks at once does not release it under the others, who therefore never fall behind
+// a writer that queued after them; a reader that gives up leaves the others waiting.
+func TestRWMutexWaitingReadersKeepTheirPlaceBeforeALaterWriter(t *testing.T) {
+	c1, rdb := newClient(t)
+	c2 := dlock.New(rdb)
+	t.Cleanup(func() { _ = c2.Close(context.Background()) })
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	w0 := must(t)(c2.RWMutex(name).Lock(ctx))
+	type res struct {
+		owner string
+		err   error
+	}
+	ch := make(chan res, 3)
+	for range 3 {
+		go func() {
+			l, err := c1.RWMutex(name).RLock(ctx)
+			if err != nil {
+				ch <- res{err: err}
+				return
+			}
+			ch <- res{l.Owner(), l.Unlock(ctx)} // unlocks at once
+		}()
+	}
+	short, cancel := context.WithCancel(ctx)
+	gaveUp := make(chan error, 1)
+	go func() {
+		_, err := c1.RWMutex(name).RLock(short)
+		gaveUp <- err
+	}()
+	waitPendingReaders(t, c1, name, 4)
+	waitQueued(t, c2, name, 1) // c1's one wait for its readers is in Redis's queue
+	cancel()
+	if err := <-gaveUp; !errors.Is(err, dlock.ErrNotObtained) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("reader that gave up: %v", err)
+	}
+	w2 := rwLockAsync(t, c2.RWMutex(name), false)
+	waitQueued(t, c2, name, 2) // c1's one wait for its readers, then the writer
+	if err := w0.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var owners []string
+	for range 3 {
+		r := <-ch
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		owners = append(owners, r.owner)
+	}
+	if owners[0] != owners[1] || owners[1] != owners[2] {
+		t.Fatalf("readers that waited together read through holds %v, want one", owners)
+	}
+	_ = got(t, "writer after the readers", w2).Unlock(ctx)
 }

@@ -19,6 +19,7 @@
 local owner, ttl = ARGV[1], ARGV[2]
 local n = #KEYS / 3
 local tokens, mine = {1}, 0
+local verdict -- the answer for the first member that is not free, if any
 for i = 1, n do
   local k_lock = KEYS[3 * i - 2]
   if redis.call('EXISTS', k_lock) == 1 then
@@ -26,19 +27,22 @@ for i = 1, n do
     if ok and f[4] then
       mine = mine + 1 -- this very call took it: a resend
       tokens[i + 1] = tonumber(f[5])
+    elseif verdict then
+      -- Already answered by an earlier member; still looking for this call's marks.
     elseif not ok or f[1] or f[2] ~= LAYOUT or f[3] then
-      return {-1}
+      verdict = {-1}
     else
-      return {0, i, redis.call('PTTL', k_lock)}
+      verdict = {0, i, redis.call('PTTL', k_lock)}
     end
-  else
+  elseif not verdict then
     if redis.call('EXISTS', KEYS[3 * i]) == 1 then
-      return {-1}
-    end
-    -- The fence is read before anything is written: a key of another type stops us here.
-    local v = redis.pcall('GET', KEYS[3 * i - 1])
-    if type(v) == 'table' and v.err then
-      return {-1}
+      verdict = {-1}
+    else
+      -- The fence is read before anything is written: a key of another type stops us here.
+      local v = redis.pcall('GET', KEYS[3 * i - 1])
+      if type(v) == 'table' and v.err then
+        verdict = {-1}
+      end
     end
   end
 end
@@ -46,6 +50,8 @@ if mine == n then
   return tokens
 elseif mine > 0 then
   return {-2}
+elseif verdict then
+  return verdict
 end
 for i = 1, n do
   local token = reserve_block(KEYS[3 * i - 1])
