@@ -137,8 +137,8 @@ func TestRWMutexReaderAdmittedAheadOfAWriterDoesNotShare(t *testing.T) {
 	_ = got(t, "second writer", w2).Unlock(ctx)
 }
 
-// Readers of a Client that find the lock written wait behind one of them, which waits in Redis
-// for all: the read phase admits one hold for them, which they share.
+// Readers of a Client that find the lock written wait together on one Redis wait of their
+// Client: the read phase admits one hold for them, which they share.
 func TestRWMutexWaitingReadersOfAClientShareOneRedisWait(t *testing.T) {
 	c1, rdb := newClient(t)
 	c2 := dlock.New(rdb)

@@ -38,9 +38,11 @@ import (
 // trip, while that hold is under 5 ms old and no writer waits for the lock in Redis (the
 // acquire's reply says whether anyone waited, and a writer joining the queue later is pushed to
 // a Client that has the lock's channel subscribed, as it has while it waits for the lock;
-// otherwise the 5 ms bound alone applies). Readers that find the lock taken wait behind one
-// of them, which waits in Redis's queue for all and shares the hold it gets with them. The shared hold shows in Inspect as one reader, its leases have its owner id, it is
-// released when its last reader unlocks, and all of them end if it is lost. Writers never
+// otherwise the 5 ms bound alone applies). Readers that find the lock taken wait together in
+// one place in Redis's queue, which the Client keeps while any of them waits, and each has a
+// place on the hold it gets. The shared hold shows in Inspect as one reader, its leases have
+// its owner id, it is released when its last reader unlocks, and all of them end if it is
+// lost. Writers never
 // share: every write lease is a Redis hold of its own.
 type RWMutex struct {
 	c     *Client
