@@ -100,6 +100,16 @@ type holdSpec struct {
 	reentrant bool // false for a cohort: its own hold found in Redis is stale and re-taken
 	noBarge   bool // a cohort's acquirer: never take a free lock ahead of waiting processes
 	access    access
+	observer  waitObserver // nil, or told what a wait on behalf of others hears (waitHold)
+}
+
+// A waitObserver hears what a wait on behalf of others (the readers of a Client waiting
+// together, readshare.go) must pass on to them.
+type waitObserver interface {
+	// writerQueued says a writer joined the lock's queue (pushed "x").
+	writerQueued()
+	// attempted reports the last attempt's ErrUnavailable, or nil once Redis answered.
+	attempted(failing error)
 }
 
 // tryHold runs the acquire script once. With queue set, a caller that does not get the lock
@@ -239,8 +249,21 @@ func (c *Client) waitHold(ctx context.Context, s holdSpec, contended bool) (*hol
 			sub.close()
 		}
 	}()
-	if n != nil && (contended || n.subscribed(s.keys.channel)) {
+	// xsub hears writers joining the queue, for an observer; subscribed with sub.
+	var xsub *subscription
+	defer func() {
+		if xsub != nil {
+			xsub.close()
+		}
+	}()
+	listen := func() {
 		sub = n.subscribe(ctx, s.keys.channel, s.owner)
+		if s.observer != nil {
+			xsub = n.subscribe(ctx, s.keys.channel, writerWaits)
+		}
+	}
+	if n != nil && (contended || n.subscribed(s.keys.channel)) {
+		listen()
 	}
 	timer := time.NewTimer(0)
 	defer timer.Stop()
@@ -264,6 +287,10 @@ func (c *Client) waitHold(ctx context.Context, s holdSpec, contended bool) (*hol
 					sub.close()
 					sub = nil
 				}
+				if xsub != nil {
+					xsub.close()
+					xsub = nil
+				}
 				n = nn
 			}
 			failing, backoff = nil, 0
@@ -275,13 +302,19 @@ func (c *Client) waitHold(ctx context.Context, s holdSpec, contended bool) (*hol
 			}
 			return nil, err
 		}
+		if s.observer != nil {
+			s.observer.attempted(failing)
+		}
 		if sub == nil && n != nil && failing == nil {
 			// Subscribe, then attempt again at once: a grant between the attempt and the
 			// subscription would otherwise go unnoticed until the next retry.
-			sub = n.subscribe(ctx, s.keys.channel, s.owner)
+			listen()
 			continue
 		}
-		var wake <-chan struct{}
+		var wake, writer <-chan struct{}
+		if xsub != nil {
+			writer = xsub.c
+		}
 		wait = min(wait, livenessRefresh)
 		if sub != nil {
 			wake = sub.c
@@ -298,6 +331,10 @@ func (c *Client) waitHold(ctx context.Context, s holdSpec, contended bool) (*hol
 			leave()
 			return nil, fmt.Errorf("%w: lock %q", ErrClosed, s.name)
 		case <-wake:
+		case <-writer:
+			s.observer.writerQueued()
+			xsub.close()
+			xsub = nil
 		case <-timer.C:
 		}
 	}

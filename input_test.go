@@ -66,6 +66,13 @@ func TestRedisDownIsUnavailable(t *testing.T) {
 		if l != nil || !errors.Is(err, dlock.ErrNotObtained) || !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, dlock.ErrUnavailable) {
 			t.Fatalf("Lock with Redis down = %v, %v; want ErrNotObtained, DeadlineExceeded and ErrUnavailable", l, err)
 		}
+		// The same for a reader, whose Client may wait for it (reader cohorting).
+		ctx, cancel = context.WithTimeout(ctxT(t), 300*time.Millisecond)
+		l, err = c.RWMutex("b").RLock(ctx)
+		cancel()
+		if l != nil || !errors.Is(err, dlock.ErrNotObtained) || !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, dlock.ErrUnavailable) {
+			t.Fatalf("RLock with Redis down = %v, %v; want ErrNotObtained, DeadlineExceeded and ErrUnavailable", l, err)
+		}
 	}
 }
 

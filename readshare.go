@@ -2,10 +2,12 @@ package dlock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -45,11 +47,46 @@ type readShare struct {
 // rather than one per goroutine, and none of them loses its place to a writer that came after
 // it. The wait goes on while any of them still waits (it runs on its own goroutine).
 type pendingRead struct {
-	done    chan struct{} // closed when the wait ended
-	sh      *readShare    // the hold it got, with the waiters' places reserved; set before done
-	err     error         // why it got none, unless every waiter had left; set before done
-	waiters int           // readers waiting for it (Client.mu); the wait ends when none is left
+	c    *Client
+	key  string        // the lock's share key, in the Client's table while new readers may join
+	done chan struct{} // closed when the wait ended
+	sh   *readShare    // the hold it got, with the waiters' places reserved; set before done
+	err  error         // why it got none, unless every waiter had left; set before done
+	// waiters counts the readers waiting for it and ended says the wait has ended (Client.mu):
+	// the wait ends when no reader is left, and a reader that leaves after gives its place back.
+	waiters int
+	ended   bool
 	cancel  context.CancelFunc
+	failing atomic.Pointer[error] // the wait's last attempt's ErrUnavailable, for a ctx that ends
+}
+
+// writerQueued takes the wait out of the Client's table when a writer joins the queue: the
+// readers waiting already keep their places, and new ones wait again behind the writer.
+func (p *pendingRead) writerQueued() { p.c.detachRead(p.key, p) }
+
+func (p *pendingRead) attempted(failing error) {
+	if failing == nil {
+		p.failing.Store(nil)
+	} else {
+		p.failing.Store(&failing)
+	}
+}
+
+func (p *pendingRead) lastFailure() error {
+	if e := p.failing.Load(); e != nil {
+		return *e
+	}
+	return nil
+}
+
+// detachRead takes the Client's read wait for the lock out of its table (only p, when p is
+// given), so readers that come later start a wait of their own.
+func (c *Client) detachRead(key string, p *pendingRead) {
+	c.mu.Lock()
+	if q := c.pendingReads[key]; q != nil && (p == nil || q == p) {
+		delete(c.pendingReads, key)
+	}
+	c.mu.Unlock()
 }
 
 // sharedRead takes rw to read for a goroutine of the Client: it joins the Client's open read
@@ -65,12 +102,35 @@ func (c *Client) sharedRead(ctx context.Context, rw *RWMutex, ref lockRef, wait 
 			if err != nil {
 				return nil, err
 			}
-			if l := c.openShare(rw, h, 1).joinReserved(ctx, ref); l != nil {
+			if l := c.openShare(rw.share, h, 1).joinReserved(ctx, ref); l != nil {
 				return l, nil
 			}
 			return nil, notObtained(rw.name, errLostAtOnce)
 		}
-		p, err := c.awaitRead(ctx, rw)
+		c.mu.Lock()
+		idle := c.pendingReads[rw.share] == nil
+		c.mu.Unlock()
+		var failing error
+		contended := false // the lock is taken: the wait subscribes before its first attempt
+		if idle {
+			// Nobody of this Client waits yet: try at once from this goroutine, so an
+			// uncontended lock costs no hand-off to a waiting goroutine.
+			h, _, err := c.tryHold(ctx, rw.shareSpec(), false)
+			switch {
+			case h != nil:
+				if l := c.openShare(rw.share, h, 1).joinReserved(ctx, ref); l != nil {
+					return l, nil
+				}
+				continue // lost the moment it was taken
+			case ctx.Err() != nil || !(errors.Is(err, ErrNotObtained) || errors.Is(err, ErrUnavailable)):
+				return nil, err
+			case errors.Is(err, ErrUnavailable):
+				failing = err
+			default:
+				contended = true
+			}
+		}
+		p, err := c.awaitRead(ctx, rw, failing, contended)
 		if err != nil {
 			return nil, err
 		}
@@ -94,13 +154,16 @@ func (rw *RWMutex) shareSpec() holdSpec {
 // awaitRead waits, with the Client's other readers of rw, for the read hold the Client waits
 // for in Redis (starting that wait if none is under way). It returns the ended wait, which has
 // a place reserved for the caller on its hold, or the caller's own ctx or Close error.
-func (c *Client) awaitRead(ctx context.Context, rw *RWMutex) (*pendingRead, error) {
+// failing is the caller's own last attempt's ErrUnavailable, if any; contended says its
+// attempt found the lock taken.
+func (c *Client) awaitRead(ctx context.Context, rw *RWMutex, failing error, contended bool) (*pendingRead, error) {
 	var wctx context.Context
 	c.mu.Lock()
 	p := c.pendingReads[rw.share]
 	fresh := p == nil
 	if fresh {
-		p = &pendingRead{done: make(chan struct{})}
+		p = &pendingRead{c: c, key: rw.share, done: make(chan struct{})}
+		p.attempted(failing)
 		wctx, p.cancel = context.WithCancel(c.bg)
 		c.pendingReads[rw.share] = p
 	}
@@ -108,42 +171,48 @@ func (c *Client) awaitRead(ctx context.Context, rw *RWMutex) (*pendingRead, erro
 	c.mu.Unlock()
 	if fresh {
 		if c.goBackground() {
-			go c.waitRead(wctx, rw, p)
+			go c.waitRead(wctx, rw, p, contended)
 		} else {
-			c.endWait(rw, p, nil, fmt.Errorf("%w: lock %q", ErrClosed, rw.name))
+			c.endWait(p, nil, fmt.Errorf("%w: lock %q", ErrClosed, rw.name))
 		}
 	}
 	select {
 	case <-p.done:
 		return p, nil
 	case <-ctx.Done():
-		c.leaveWait(rw, p)
-		return nil, notObtained(rw.name, ctx.Err())
+		c.leaveWait(p)
+		return nil, notObtained(rw.name, ctx.Err(), p.lastFailure())
 	case <-c.bg.Done():
-		c.leaveWait(rw, p)
+		c.leaveWait(p)
 		return nil, fmt.Errorf("%w: lock %q", ErrClosed, rw.name)
 	}
 }
 
 // waitRead is the Client's wait in Redis for a read hold of rw, on behalf of p's waiters.
-func (c *Client) waitRead(ctx context.Context, rw *RWMutex, p *pendingRead) {
+func (c *Client) waitRead(ctx context.Context, rw *RWMutex, p *pendingRead, contended bool) {
 	defer c.wg.Done()
-	h, err := c.waitHold(ctx, rw.shareSpec(), false)
-	c.endWait(rw, p, h, err)
+	s := rw.shareSpec()
+	s.observer = p
+	h, err := c.waitHold(ctx, s, contended)
+	if err != nil && c.checkOpen() != nil {
+		err = fmt.Errorf("%w: lock %q", ErrClosed, rw.name) // not the wait's own ctx, which Close ended
+	}
+	c.endWait(p, h, err)
 }
 
 // endWait ends p with the hold h got for its waiters (given back if none is left) or err.
-func (c *Client) endWait(rw *RWMutex, p *pendingRead, h *hold, err error) {
+func (c *Client) endWait(p *pendingRead, h *hold, err error) {
 	defer p.cancel()
 	c.mu.Lock()
-	if c.pendingReads[rw.share] == p {
-		delete(c.pendingReads, rw.share)
+	if c.pendingReads[p.key] == p {
+		delete(c.pendingReads, p.key)
 	}
+	p.ended = true
 	n := p.waiters // from now on a waiter that leaves gives its place back (leaveWait)
 	c.mu.Unlock()
 	switch {
 	case h != nil && n > 0:
-		p.sh = c.openShare(rw, h, n)
+		p.sh = c.openShare(p.key, h, n)
 	case h != nil:
 		c.giveBack([]*hold{h}) // everyone left as it came
 	}
@@ -153,12 +222,14 @@ func (c *Client) endWait(rw *RWMutex, p *pendingRead, h *hold, err error) {
 
 // leaveWait takes a reader that stops waiting out of p: the Redis wait ends when it was the
 // last, and a place already reserved for it on p's hold is given back.
-func (c *Client) leaveWait(rw *RWMutex, p *pendingRead) {
+func (c *Client) leaveWait(p *pendingRead) {
 	c.mu.Lock()
-	if c.pendingReads[rw.share] == p {
+	if !p.ended {
 		p.waiters--
 		if p.waiters == 0 {
-			delete(c.pendingReads, rw.share)
+			if c.pendingReads[p.key] == p {
+				delete(c.pendingReads, p.key)
+			}
 			p.cancel()
 		}
 		c.mu.Unlock()
@@ -173,8 +244,8 @@ func (c *Client) leaveWait(rw *RWMutex, p *pendingRead) {
 
 // openShare makes h a shared read hold with reserved places for readers that waited for it,
 // open to later local readers while it is young unless a writer waits.
-func (c *Client) openShare(rw *RWMutex, h *hold, reserved int) *readShare {
-	sh := &readShare{c: c, key: rw.share, h: h, since: c.now(), reserved: reserved, readers: make(map[*holding]struct{})}
+func (c *Client) openShare(key string, h *hold, reserved int) *readShare {
+	sh := &readShare{c: c, key: key, h: h, since: c.now(), reserved: reserved, readers: make(map[*holding]struct{})}
 	if ended, _ := h.setOnEnd(sh.holdEnded); ended {
 		sh.closed, sh.gone = true, true // lost at once: the waiters wait again
 		return sh
@@ -183,8 +254,8 @@ func (c *Client) openShare(rw *RWMutex, h *hold, reserved int) *readShare {
 	// waiters): a fresh subscription costs a round trip, and for an uncontended lock the age
 	// bound alone is as good.
 	var sub *subscription
-	if n := c.notifierFor(c.bg, rw.keys.lock); n != nil && !h.othersWait && n.subscribed(rw.keys.channel) {
-		sub = n.subscribe(c.bg, rw.keys.channel, writerWaits)
+	if n := c.notifierFor(c.bg, h.keys.lock); n != nil && !h.othersWait && n.subscribed(h.keys.channel) {
+		sub = n.subscribe(c.bg, h.keys.channel, writerWaits)
 	}
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -242,7 +313,7 @@ func (sh *readShare) joinReserved(ctx context.Context, ref lockRef) *Lease {
 	idle := sh.idleLocked()
 	sh.mu.Unlock()
 	if idle {
-		sh.c.giveBack([]*hold{sh.h})
+		sh.giveBackLater()
 	}
 	return nil
 }
@@ -254,8 +325,20 @@ func (sh *readShare) unreserve() {
 	idle := sh.idleLocked()
 	sh.mu.Unlock()
 	if idle {
-		sh.c.giveBack([]*hold{sh.h})
+		sh.giveBackLater()
 	}
+}
+
+// giveBackLater releases the idle hold from a background goroutine: the reader whose leaving
+// made it idle is giving up and must not wait for Redis (Close releases it otherwise).
+func (sh *readShare) giveBackLater() {
+	if !sh.c.goBackground() {
+		return
+	}
+	go func() {
+		defer sh.c.wg.Done()
+		sh.c.giveBack([]*hold{sh.h})
+	}()
 }
 
 // idleLocked reports, once, that the hold has no reader and no reserved place left, so the
@@ -329,10 +412,11 @@ func (sh *readShare) unlock(ctx context.Context, l *Lease) error {
 		return l.heldErr()
 	}
 	delete(sh.readers, l.hd)
+	valid := sh.h.valid() // before another reader can let the hold go
 	last := sh.idleLocked()
 	sh.mu.Unlock()
 	switch {
-	case !last && !sh.h.valid():
+	case !last && !valid:
 		// Others still read through the hold, but it is no longer certainly held: this
 		// reader's lease may have run out before its Unlock, which must not say otherwise.
 		lost := leaseLost(l.ref.name, errDeadline)

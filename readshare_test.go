@@ -265,3 +265,51 @@ func TestRWMutexWaitingReadersKeepTheirPlaceBeforeALaterWriter(t *testing.T) {
 	}
 	_ = got(t, "writer after the readers", w2).Unlock(ctx)
 }
+
+// Readers that come after a writer queued (another Client's, pushed; or their own Client's)
+// do not join their Client's wait that is ahead of the writer: they wait behind it.
+func TestRWMutexReadersAfterAQueuedWriterWaitBehindIt(t *testing.T) {
+	for _, own := range []bool{false, true} {
+		t.Run(fmt.Sprintf("own writer %v", own), func(t *testing.T) {
+			c1, rdb := newClient(t)
+			c2 := dlock.New(rdb)
+			t.Cleanup(func() { _ = c2.Close(context.Background()) })
+			ctx := ctxT(t)
+			name := redistest.Name(t)
+			w0 := must(t)(c2.RWMutex(name).Lock(ctx))
+			r1 := rwLockAsync(t, c1.RWMutex(name), true)
+			waitPendingReaders(t, c1, name, 1)
+			waitQueued(t, c2, name, 1)
+			writer := c2
+			if own {
+				writer = c1
+			}
+			w1 := rwLockAsync(t, writer.RWMutex(name), false)
+			waitQueued(t, c2, name, 2)
+			if !own {
+				// The push reaches c1's wait: poll for its effect (no later reader joins it).
+				for deadline := time.Now().Add(5 * time.Second); dlock.PendingReadWaiters(c1, name) != 0; time.Sleep(time.Millisecond) {
+					if time.Now().After(deadline) {
+						t.Fatal("c1's wait still takes new readers 5s after a writer queued")
+					}
+				}
+			}
+			r2 := rwLockAsync(t, c1.RWMutex(name), true)
+			waitQueued(t, c2, name, 3) // r2 waits in Redis of its own, behind the writer
+			if err := w0.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			first := got(t, "reader that came before the writer", r1)
+			notYet(t, "writer while the first reader reads", w1)
+			if err := first.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			wl := got(t, "writer", w1)
+			notYet(t, "reader that came after the writer", r2)
+			if err := wl.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			_ = got(t, "reader that came after the writer", r2).Unlock(ctx)
+		})
+	}
+}

@@ -88,10 +88,9 @@ local function queue_up(foreign)
     if redis.call('HSET', KEYS[5], me, now + tonumber(ARGV[6])) == 1 then
       redis.call('ZADD', KEYS[4], 'NX', now, me) -- a new waiter (a refresh only moves its deadline)
       if mode == 'w' then
-        local m, ok = lock_fields(KEYS[1], '#m')
-        if ok and m[1] == 'r' then
-          msgs[#msgs + 1] = 'x' -- a writer waits: Clients sharing a read hold stop adding readers
-        end
+        -- A writer waits: Clients sharing a read hold, or waiting for one on behalf of their
+        -- readers, let no new local reader in ahead of it.
+        msgs[#msgs + 1] = 'x'
       end
     end
     -- The queue lives while anyone waits in it, and disappears on its own after.
