@@ -323,6 +323,7 @@ func (c *Client) waitHold(ctx context.Context, s holdSpec, contended bool) (*hol
 			wait = min(wait, pollWithoutPush)
 		}
 		timer.Reset(wait)
+	sleep:
 		select {
 		case <-ctx.Done():
 			leave()
@@ -332,9 +333,11 @@ func (c *Client) waitHold(ctx context.Context, s holdSpec, contended bool) (*hol
 			return nil, fmt.Errorf("%w: lock %q", ErrClosed, s.name)
 		case <-wake:
 		case <-writer:
+			// Nothing to attempt: the lock is no nearer. Pass it on and sleep on.
 			s.observer.writerQueued()
 			xsub.close()
-			xsub = nil
+			xsub, writer = nil, nil
+			goto sleep
 		case <-timer.C:
 		}
 	}
