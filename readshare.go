@@ -19,11 +19,12 @@ var readShareAge = cohortBatchTime
 // cohorting). A reader whose Client holds the lock to read joins that hold without a round
 // trip while the hold is young (readShareAge), valid, and no writer waits for the lock in
 // Redis: the acquire's reply says whether anyone waited then, and a writer joining the queue
-// later is pushed ("x" on the lock's channel). Otherwise the reader takes a read hold of its
-// own, through the Redis queue, which later readers may join. So a waiting writer is
-// overtaken by no new reader of a Client that heard of it, and by none at all once the young
-// hold's batch time has passed. The hold is released when its last reader unlocks, and all its
-// readers' leases end when it is lost. Its readers share the read phase's token, as every
+// later is pushed ("x" on the lock's channel, heard on a channel the Client has subscribed).
+// Otherwise the reader gets a read hold through the Redis queue (pendingRead), which later
+// readers may join. So a waiting writer is overtaken by no new reader of a Client that heard
+// of it, and by none at all once the young hold's batch time has passed. The hold is released
+// when it has no reader and no reserved place left, and all its readers' leases end when it
+// is lost. Its readers share the read phase's token, as every
 // reader admitted in one phase does.
 type readShare struct {
 	c     *Client
