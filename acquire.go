@@ -14,6 +14,14 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
+// doneCtx is a context that has ended: a subscription made with it does not wait for Redis to
+// confirm it.
+var doneCtx = func() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}()
+
 // pollWithoutPush bounds a waiter's sleep when no notification can reach it (the notification
 // connection is down, or the client type has none).
 const pollWithoutPush = 50 * time.Millisecond
@@ -259,10 +267,12 @@ func (c *Client) waitHold(ctx context.Context, s holdSpec, contended bool) (*hol
 	listen := func() {
 		sub = n.subscribe(ctx, s.keys.channel, s.owner)
 		if s.observer != nil {
-			xsub = n.subscribe(ctx, s.keys.channel, writerWaits)
+			// The same channel: sub's wait for its confirmation covers this one.
+			xsub = n.subscribe(doneCtx, s.keys.channel, writerWaits)
 		}
 	}
-	if n != nil && (contended || n.subscribed(s.keys.channel)) {
+	// An observer hears writers from the first queued attempt on: it must not miss one.
+	if n != nil && (contended || s.observer != nil || n.subscribed(s.keys.channel)) {
 		listen()
 	}
 	timer := time.NewTimer(0)

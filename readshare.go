@@ -57,6 +57,7 @@ type pendingRead struct {
 	// the wait ends when no reader is left, and a reader that leaves after gives its place back.
 	waiters int
 	ended   bool
+	wctx    context.Context // the Redis wait's: ends when no reader waits any more, or at Close
 	cancel  context.CancelFunc
 	failing atomic.Pointer[error] // the wait's last attempt's ErrUnavailable, for a ctx that ends
 }
@@ -108,30 +109,7 @@ func (c *Client) sharedRead(ctx context.Context, rw *RWMutex, ref lockRef, wait 
 			}
 			return nil, notObtained(rw.name, errLostAtOnce)
 		}
-		c.mu.Lock()
-		idle := c.pendingReads[rw.share] == nil
-		c.mu.Unlock()
-		var failing error
-		contended := false // the lock is taken: the wait subscribes before its first attempt
-		if idle {
-			// Nobody of this Client waits yet: try at once from this goroutine, so an
-			// uncontended lock costs no hand-off to a waiting goroutine.
-			h, _, err := c.tryHold(ctx, rw.shareSpec(), false)
-			switch {
-			case h != nil:
-				if l := c.openShare(rw.share, h, 1).joinReserved(ctx, ref); l != nil {
-					return l, nil
-				}
-				continue // lost the moment it was taken
-			case ctx.Err() != nil || !(errors.Is(err, ErrNotObtained) || errors.Is(err, ErrUnavailable)):
-				return nil, err
-			case errors.Is(err, ErrUnavailable):
-				failing = err
-			default:
-				contended = true
-			}
-		}
-		p, err := c.awaitRead(ctx, rw, failing, contended)
+		p, err := c.awaitRead(ctx, rw)
 		if err != nil {
 			return nil, err
 		}
@@ -155,27 +133,19 @@ func (rw *RWMutex) shareSpec() holdSpec {
 // awaitRead waits, with the Client's other readers of rw, for the read hold the Client waits
 // for in Redis (starting that wait if none is under way). It returns the ended wait, which has
 // a place reserved for the caller on its hold, or the caller's own ctx or Close error.
-// failing is the caller's own last attempt's ErrUnavailable, if any; contended says its
-// attempt found the lock taken.
-func (c *Client) awaitRead(ctx context.Context, rw *RWMutex, failing error, contended bool) (*pendingRead, error) {
-	var wctx context.Context
+func (c *Client) awaitRead(ctx context.Context, rw *RWMutex) (*pendingRead, error) {
 	c.mu.Lock()
 	p := c.pendingReads[rw.share]
 	fresh := p == nil
 	if fresh {
 		p = &pendingRead{c: c, key: rw.share, done: make(chan struct{})}
-		p.attempted(failing)
-		wctx, p.cancel = context.WithCancel(c.bg)
+		p.wctx, p.cancel = context.WithCancel(c.bg)
 		c.pendingReads[rw.share] = p
 	}
 	p.waiters++
 	c.mu.Unlock()
 	if fresh {
-		if c.goBackground() {
-			go c.waitRead(wctx, rw, p, contended)
-		} else {
-			c.endWait(p, nil, fmt.Errorf("%w: lock %q", ErrClosed, rw.name))
-		}
+		c.startRead(ctx, rw, p)
 	}
 	select {
 	case <-p.done:
@@ -189,21 +159,52 @@ func (c *Client) awaitRead(ctx context.Context, rw *RWMutex, failing error, cont
 	}
 }
 
-// waitRead is the Client's wait in Redis for a read hold of rw, on behalf of p's waiters.
-func (c *Client) waitRead(ctx context.Context, rw *RWMutex, p *pendingRead, contended bool) {
-	defer c.wg.Done()
+// startRead makes p's first attempt from the goroutine of the reader that started it, so an
+// uncontended lock costs no hand-off (readers that come meanwhile wait for it: p is in the
+// table already), and when the lock is taken goes on waiting on a goroutine of its own.
+func (c *Client) startRead(ctx context.Context, rw *RWMutex, p *pendingRead) {
 	s := rw.shareSpec()
 	s.observer = p
-	h, err := c.waitHold(ctx, s, contended)
+	h, _, err := c.tryHold(ctx, s, false)
+	switch {
+	case h != nil:
+		c.endWait(p, h, nil)
+		return
+	case errors.Is(err, ErrUnavailable):
+		p.attempted(err)
+	case !errors.Is(err, ErrNotObtained): // an error every reader gets (a mutex's name, Close)
+		c.endWait(p, nil, err)
+		return
+	}
+	// Taken, or no answer: wait in Redis for everyone who still waits (if this reader's own
+	// ctx ended, it leaves the wait, which ends when nobody is left).
+	contended := errors.Is(err, ErrNotObtained) && ctx.Err() == nil
+	if !c.goBackground() {
+		c.endWait(p, nil, fmt.Errorf("%w: lock %q", ErrClosed, rw.name))
+		return
+	}
+	go c.waitRead(rw, p, s, contended)
+}
+
+// waitRead is the Client's wait in Redis for a read hold of rw, on behalf of p's waiters.
+func (c *Client) waitRead(rw *RWMutex, p *pendingRead, s holdSpec, contended bool) {
+	defer c.wg.Done()
+	h, err := c.waitHold(p.wctx, s, contended)
 	if err != nil && c.checkOpen() != nil {
 		err = fmt.Errorf("%w: lock %q", ErrClosed, rw.name) // not the wait's own ctx, which Close ended
 	}
 	c.endWait(p, h, err)
 }
 
-// endWait ends p with the hold h got for its waiters (given back if none is left) or err.
+// endWait ends p with the hold h got for its waiters, or with err.
 func (c *Client) endWait(p *pendingRead, h *hold, err error) {
 	defer p.cancel()
+	var sh *readShare
+	if h != nil {
+		// Open to later readers first, with one place (ours) that keeps it until the waiters
+		// have theirs: a reader that comes in between joins it rather than waiting anew.
+		sh = c.openShare(p.key, h, 1)
+	}
 	c.mu.Lock()
 	if c.pendingReads[p.key] == p {
 		delete(c.pendingReads, p.key)
@@ -211,13 +212,10 @@ func (c *Client) endWait(p *pendingRead, h *hold, err error) {
 	p.ended = true
 	n := p.waiters // from now on a waiter that leaves gives its place back (leaveWait)
 	c.mu.Unlock()
-	switch {
-	case h != nil && n > 0:
-		p.sh = c.openShare(p.key, h, n)
-	case h != nil:
-		c.giveBack([]*hold{h}) // everyone left as it came
+	if sh != nil {
+		sh.reserve(n - 1) // the waiters' places in place of ours; let go if nobody is left
 	}
-	p.err = err
+	p.sh, p.err = sh, err
 	close(p.done)
 }
 
@@ -280,6 +278,18 @@ func (c *Client) openShare(key string, h *hold, reserved int) *readShare {
 	return sh
 }
 
+// closeShare lets no new reader join the Client's open read hold of the lock, if any.
+func (c *Client) closeShare(key string) {
+	c.mu.Lock()
+	sh := c.shares[key]
+	c.mu.Unlock()
+	if sh != nil {
+		sh.mu.Lock()
+		sh.closeLocked()
+		sh.mu.Unlock()
+	}
+}
+
 // joinShare returns a read lease on the Client's open read hold of the lock, or nil when there
 // is none that may take one more reader.
 func (c *Client) joinShare(ctx context.Context, key string, ref lockRef) *Lease {
@@ -320,9 +330,12 @@ func (sh *readShare) joinReserved(ctx context.Context, ref lockRef) *Lease {
 }
 
 // unreserve gives back a place reserved for a reader that stopped waiting.
-func (sh *readShare) unreserve() {
+func (sh *readShare) unreserve() { sh.reserve(-1) }
+
+// reserve adds n places (n < 0 gives places back), releasing the hold when it is left idle.
+func (sh *readShare) reserve(n int) {
 	sh.mu.Lock()
-	sh.reserved--
+	sh.reserved += n
 	idle := sh.idleLocked()
 	sh.mu.Unlock()
 	if idle {

@@ -113,9 +113,10 @@ func (rw *RWMutex) lock(ctx context.Context, a access, wait bool) (*Lease, error
 		if a == accessRead && rw.share != "" {
 			return rw.c.sharedRead(ctx, rw, ref, wait)
 		}
-		if rw.share != "" {
-			// A writer of this Client: its readers that come later wait behind it.
+		if rw.share != "" && wait {
+			// A writer of this Client queues: its readers that come later wait behind it.
 			rw.c.detachRead(rw.share, nil)
+			rw.c.closeShare(rw.share)
 		}
 		s := holdSpec{name: rw.name, keys: rw.keys, cfg: rw.cfg, owner: rw.ids.call(),
 			reentrant: rw.cfg.ownerSet, access: a}
