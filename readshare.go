@@ -144,15 +144,16 @@ func (c *Client) awaitRead(ctx context.Context, rw *RWMutex) (*pendingRead, erro
 	}
 	p.waiters++
 	c.mu.Unlock()
+	var own error // this reader's own attempt's ErrUnavailable, if it made the first
 	if fresh {
-		c.startRead(ctx, rw, p)
+		own = c.startRead(ctx, rw, p)
 	}
 	select {
 	case <-p.done:
 		return p, nil
 	case <-ctx.Done():
 		c.leaveWait(p)
-		return nil, notObtained(rw.name, ctx.Err(), p.lastFailure())
+		return nil, notObtained(rw.name, ctx.Err(), cmpOr(p.lastFailure(), own))
 	case <-c.bg.Done():
 		c.leaveWait(p)
 		return nil, fmt.Errorf("%w: lock %q", ErrClosed, rw.name)
@@ -161,29 +162,50 @@ func (c *Client) awaitRead(ctx context.Context, rw *RWMutex) (*pendingRead, erro
 
 // startRead makes p's first attempt from the goroutine of the reader that started it, so an
 // uncontended lock costs no hand-off (readers that come meanwhile wait for it: p is in the
-// table already), and when the lock is taken goes on waiting on a goroutine of its own.
-func (c *Client) startRead(ctx context.Context, rw *RWMutex, p *pendingRead) {
+// table already), and when the lock is taken goes on waiting on a goroutine of its own. It
+// returns the attempt's error when Redis gave no answer to it (ErrUnavailable).
+func (c *Client) startRead(ctx context.Context, rw *RWMutex, p *pendingRead) (unavailable error) {
 	s := rw.shareSpec()
 	s.observer = p
 	h, _, err := c.tryHold(ctx, s, false)
+	if errors.Is(err, ErrUnavailable) {
+		unavailable = err
+	}
 	switch {
 	case h != nil:
 		c.endWait(p, h, nil)
-		return
-	case errors.Is(err, ErrUnavailable):
-		p.attempted(err)
-	case !errors.Is(err, ErrNotObtained): // an error every reader gets (a mutex's name, Close)
-		c.endWait(p, nil, err)
-		return
+		return unavailable
+	case errors.Is(err, ErrUnavailable) && ctx.Err() == nil:
+		p.attempted(err) // Redis's doing, not this reader's ctx (a deadline reads as a timeout)
+	case !errors.Is(err, ErrNotObtained) && !errors.Is(err, ErrUnavailable):
+		c.endWait(p, nil, err) // an error every reader gets (a mutex's name, Close)
+		return unavailable
+	}
+	if ctx.Err() != nil {
+		// This reader gives up: if nobody else waits, the wait ends here, with no Redis call.
+		c.mu.Lock()
+		if p.waiters == 1 {
+			if c.pendingReads[p.key] == p {
+				delete(c.pendingReads, p.key)
+			}
+			p.ended = true
+			c.mu.Unlock()
+			p.err = err
+			p.cancel()
+			close(p.done)
+			return unavailable
+		}
+		c.mu.Unlock()
 	}
 	// Taken, or no answer: wait in Redis for everyone who still waits (if this reader's own
 	// ctx ended, it leaves the wait, which ends when nobody is left).
 	contended := errors.Is(err, ErrNotObtained) && ctx.Err() == nil
 	if !c.goBackground() {
 		c.endWait(p, nil, fmt.Errorf("%w: lock %q", ErrClosed, rw.name))
-		return
+		return unavailable
 	}
 	go c.waitRead(rw, p, s, contended)
+	return unavailable
 }
 
 // waitRead is the Client's wait in Redis for a read hold of rw, on behalf of p's waiters.
