@@ -173,12 +173,7 @@ func TestMultiAcquireScriptResend(t *testing.T) {
 	b.lock, b.fence, b.queue = a.lock+"b", a.fence+"b", a.queue+"b" // same slot: same {tag}
 	run := func(ids ...string) []int64 {
 		t.Helper()
-		res, err := scripts.MultiAcquire.Run(ctx, rdb, []string{a.lock, a.fence, a.queue, b.lock, b.fence, b.queue},
-			"owner-1", 30000, ids[0], ids[1]).Int64Slice()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return res
+		return multiAcquire(t, rdb, a, b, ids[0], ids[1])
 	}
 	first := run("h1", "h2")
 	if len(first) != 3 || first[0] != 1 {
@@ -241,12 +236,7 @@ func TestMultiAcquireResendWithALaterMemberTaken(t *testing.T) {
 	b := lockNames{lock: a.lock + "b", fence: a.fence + "b", queue: a.queue + "b"}
 	run := func(ids ...string) []int64 {
 		t.Helper()
-		res, err := scripts.MultiAcquire.Run(ctx, rdb, []string{a.lock, a.fence, a.queue, b.lock, b.fence, b.queue},
-			"owner-1", 30000, ids[0], ids[1]).Int64Slice()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return res
+		return multiAcquire(t, rdb, a, b, ids[0], ids[1])
 	}
 	if first := run("h1", "h2"); first[0] != 1 {
 		t.Fatalf("first run: %v", first)
@@ -261,4 +251,15 @@ func TestMultiAcquireResendWithALaterMemberTaken(t *testing.T) {
 	if res := run("h1", "h2"); len(res) != 1 || res[0] != -2 {
 		t.Fatalf("resend with the later member taken by another owner: %v, want -2", res)
 	}
+}
+
+// multiAcquire runs the one-script pass over locks a and b for "owner-1" with the hold ids.
+func multiAcquire(t *testing.T, rdb *redis.Client, a, b lockNames, idA, idB string) []int64 {
+	t.Helper()
+	res, err := scripts.MultiAcquire.Run(context.Background(), rdb, []string{a.lock, a.fence, a.queue, b.lock, b.fence, b.queue},
+		"owner-1", 30000, idA, idB).Int64Slice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
 }

@@ -16,9 +16,7 @@ import (
 // own; the shared hold goes when its last reader unlocks.
 func TestRWMutexReadersOfAClientShareOneHold(t *testing.T) {
 	dlock.SetReadShareAge(t, time.Hour) // nothing but this test's steps closes the share
-	c1, rdb := newClient(t)
-	c2 := dlock.New(rdb)
-	t.Cleanup(func() { _ = c2.Close(context.Background()) })
+	c1, c2 := twoClients(t)
 	ctx := ctxT(t)
 	name := redistest.Name(t)
 	a := must(t)(c1.RWMutex(name).RLock(ctx))
@@ -66,9 +64,7 @@ func TestRWMutexReadersOfAClientShareOneHold(t *testing.T) {
 // new local reader join it: the writer is not overtaken for longer than the push takes.
 func TestRWMutexQueuedWriterStopsReaderSharing(t *testing.T) {
 	dlock.SetReadShareAge(t, time.Hour) // only the push can close the share
-	c1, rdb := newClient(t)
-	c2 := dlock.New(rdb)
-	t.Cleanup(func() { _ = c2.Close(context.Background()) })
+	c1, c2 := twoClients(t)
 	ctx := ctxT(t)
 	name := redistest.Name(t)
 	// c1 listens for writers on a lock whose channel it has subscribed (a lock it waited
@@ -114,9 +110,7 @@ func TestRWMutexQueuedWriterStopsReaderSharing(t *testing.T) {
 // share its hold: a new local reader queues behind the writer.
 func TestRWMutexReaderAdmittedAheadOfAWriterDoesNotShare(t *testing.T) {
 	dlock.SetReadShareAge(t, time.Hour)
-	c1, rdb := newClient(t)
-	c2 := dlock.New(rdb)
-	t.Cleanup(func() { _ = c2.Close(context.Background()) })
+	c1, c2 := twoClients(t)
 	ctx := ctxT(t)
 	name := redistest.Name(t)
 	w1 := must(t)(c2.RWMutex(name).Lock(ctx))
@@ -141,9 +135,7 @@ func TestRWMutexReaderAdmittedAheadOfAWriterDoesNotShare(t *testing.T) {
 // Readers of a Client that find the lock written wait together on one Redis wait of their
 // Client: the read phase admits one hold for them, which they share.
 func TestRWMutexWaitingReadersOfAClientShareOneRedisWait(t *testing.T) {
-	c1, rdb := newClient(t)
-	c2 := dlock.New(rdb)
-	t.Cleanup(func() { _ = c2.Close(context.Background()) })
+	c1, c2 := twoClients(t)
 	ctx := ctxT(t)
 	name := redistest.Name(t)
 	w := must(t)(c2.RWMutex(name).Lock(ctx))
@@ -215,9 +207,7 @@ func waitPendingReaders(t *testing.T, c *dlock.Client, name string, n int) {
 // that unlocks at once does not release it under the others, who therefore never fall behind
 // a writer that queued after them; a reader that gives up leaves the others waiting.
 func TestRWMutexWaitingReadersKeepTheirPlaceBeforeALaterWriter(t *testing.T) {
-	c1, rdb := newClient(t)
-	c2 := dlock.New(rdb)
-	t.Cleanup(func() { _ = c2.Close(context.Background()) })
+	c1, c2 := twoClients(t)
 	ctx := ctxT(t)
 	name := redistest.Name(t)
 	w0 := must(t)(c2.RWMutex(name).Lock(ctx))
@@ -272,9 +262,7 @@ func TestRWMutexWaitingReadersKeepTheirPlaceBeforeALaterWriter(t *testing.T) {
 func TestRWMutexReadersAfterAQueuedWriterWaitBehindIt(t *testing.T) {
 	for _, own := range []bool{false, true} {
 		t.Run(fmt.Sprintf("own writer %v", own), func(t *testing.T) {
-			c1, rdb := newClient(t)
-			c2 := dlock.New(rdb)
-			t.Cleanup(func() { _ = c2.Close(context.Background()) })
+			c1, c2 := twoClients(t)
 			ctx := ctxT(t)
 			name := redistest.Name(t)
 			w0 := must(t)(c2.RWMutex(name).Lock(ctx))
@@ -357,4 +345,38 @@ func TestRWMutexConcurrentFirstReadersShareOneHold(t *testing.T) {
 		}
 	}
 	_ = must(t)(c.RWMutex(name).TryLock(ctx)).Unlock(ctx)
+}
+
+// twoClients returns two Clients (two processes, as far as Redis can tell) on one server.
+func twoClients(t *testing.T) (*dlock.Client, *dlock.Client) {
+	c1, rdb := newClient(t)
+	c2 := dlock.New(rdb)
+	t.Cleanup(func() { _ = c2.Close(context.Background()) })
+	return c1, c2
+}
+
+// Close while readers wait together: every one of them gets ErrClosed, and the Client's wait
+// leaves nothing in Redis (the lock goes to the next process once its holder unlocks).
+func TestRWMutexCloseWhileReadersWaitTogether(t *testing.T) {
+	c1, c2 := twoClients(t)
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	w := must(t)(c2.RWMutex(name).Lock(ctx))
+	rs := []<-chan rwResult{rwLockAsync(t, c1.RWMutex(name), true), rwLockAsync(t, c1.RWMutex(name), true)}
+	waitPendingReaders(t, c1, name, 2)
+	waitQueued(t, c2, name, 1)
+	if err := c1.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rs {
+		if res := <-r; !errors.Is(res.err, dlock.ErrClosed) {
+			t.Fatalf("reader waiting at Close: %v, want ErrClosed", res.err)
+		}
+	}
+	if err := w.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := c2.Inspect(ctx, name); err != nil || info.Held || info.Waiters != 0 {
+		t.Fatalf("after Close and the writer's Unlock: %+v, %v; want the lock free, nobody queued", info, err)
+	}
 }
