@@ -109,6 +109,9 @@ type holdSpec struct {
 	noBarge   bool // a cohort's acquirer: never take a free lock ahead of waiting processes
 	access    access
 	observer  waitObserver // nil, or told what a wait on behalf of others hears (waitHold)
+	// holdID is the hold a wait's queued attempts send, the one a grant writes for it
+	// (waitHold); "" gives each call a fresh one.
+	holdID string
 }
 
 // A waitObserver hears what a wait on behalf of others (the readers of a Client waiting
@@ -136,7 +139,10 @@ func (c *Client) tryHold(ctx context.Context, s holdSpec, queue bool) (*hold, ti
 	if s.noBarge {
 		barge = 0
 	}
-	holdID := c.nextHoldID()
+	holdID := s.holdID
+	if holdID == "" {
+		holdID = c.nextHoldID()
+	}
 	k := s.keys
 	sent := c.now()
 	res, err := scripts.Acquire.Run(ctx, c.rdb, []string{k.lock, k.fence, k.opLog, k.queue, k.live},
@@ -170,13 +176,15 @@ func (c *Client) tryHold(ctx context.Context, s holdSpec, queue bool) (*hold, ti
 		}
 		return nil, max(wait, time.Millisecond), notObtained(s.name)
 	}
-	return c.startHold(ctx, s, holdID, uint64(res[1]), len(res) > 3 && res[3] == 1, ttl, sent)
+	return c.startHold(ctx, s, holdID, uint64(res[1]), len(res) > 3 && res[3] == 1, ttl, 0, sent)
 }
 
 // startHold starts tracking the hold holdID that an acquire sent at sent just took for s with
 // token (othersWait: see hold), unless its reply came too late to start a lease (it is then
 // dropped in Redis, and the caller told to try again a little later) or it ended at once.
-func (c *Client) startHold(ctx context.Context, s holdSpec, holdID string, token uint64, othersWait bool, ttl time.Duration, sent time.Time) (*hold, time.Duration, error) {
+// grantTTL is 0 for a hold the acquire took with ttl; for a hold a grant wrote (startGranted),
+// the TTL the grant gave it, which counts from sent instead until the hold's first renewal.
+func (c *Client) startHold(ctx context.Context, s holdSpec, holdID string, token uint64, othersWait bool, ttl, grantTTL time.Duration, sent time.Time) (*hold, time.Duration, error) {
 	// A reply that came after the lease's safe deadline (a slow network) must not start a
 	// lease that is already over: drop the hold in Redis and let the caller try again a
 	// little later. Decided before the hold is tracked, so no deadline timer races with it.
@@ -184,12 +192,17 @@ func (c *Client) startHold(ctx context.Context, s holdSpec, holdID string, token
 		c.abandon(s, holdID)
 		return nil, lateRetry, notObtained(s.name, why)
 	}
-	if c.since(sent) >= s.cfg.safeLease(ttl) {
+	valid := ttl
+	if grantTTL > 0 {
+		valid = grantTTL
+	}
+	if c.since(sent) >= s.cfg.safeLease(valid) {
 		return late(errLateReply)
 	}
 	h := &hold{
 		c: c, name: s.name, keys: s.keys, cfg: s.cfg, owner: s.owner, holdID: holdID, access: s.access,
-		token: token, tracked: make(chan struct{}), ttl: ttl, heapIdx: -1, othersWait: othersWait,
+		token: token, tracked: make(chan struct{}), ttl: ttl, grantTTL: grantTTL, heapIdx: -1,
+		othersWait: othersWait,
 	}
 	if err := c.track(ctx, h, sent); err != nil {
 		// The Client closed while the script ran: give the hold back now (Close waits for
@@ -231,6 +244,12 @@ const (
 // already subscribed, it subscribes before its first attempt, saving one; otherwise the first
 // attempt goes without, so an uncontended lock costs no subscription. While Redis is
 // unavailable it retries with backoff, asking the client to refresh its view of the topology.
+//
+// Its queued attempts all send one hold id, recorded in Redis with its place, and a release
+// that grants it the lock writes that hold for it: the pushed grant starts the hold with no
+// further round trip (startGranted). An attempt whose reply was lost (or came too late) is
+// undone in the background, so the wait goes on with a new hold id, and a grant of the old one
+// is not taken for its own.
 func (c *Client) waitHold(ctx context.Context, s holdSpec, contended bool) (*hold, error) {
 	// The wait holds a slot of the Client's background work until it has left the queue, so
 	// Close, which ends the wait at once, waits for the leaving (bounded) before it returns.
@@ -243,6 +262,10 @@ func (c *Client) waitHold(ctx context.Context, s holdSpec, contended bool) (*hol
 			c.wg.Done()
 		}
 	}()
+	s.holdID = c.nextHoldID()
+	// queuedAt is when the latest attempt Redis answered "not obtained" with s.holdID was sent:
+	// a grant of that hold came later, so its TTL runs from after queuedAt.
+	var queuedAt time.Time
 	leave := func() {
 		slot = false
 		go func() {
@@ -280,7 +303,14 @@ func (c *Client) waitHold(ctx context.Context, s holdSpec, contended bool) (*hol
 	var failing error // the last ErrUnavailable, while Redis keeps failing
 	backoff := time.Duration(0)
 	for {
+		before := c.now()
 		h, wait, err := c.tryHoldShallow(ctx, s)
+		if errors.Is(err, ErrUnavailable) || errors.Is(err, errLateReply) || errors.Is(err, errLostAtOnce) {
+			// The attempt's hold, if it took or was granted one, is being undone.
+			s.holdID, queuedAt = c.nextHoldID(), time.Time{}
+		} else if h == nil && errors.Is(err, ErrNotObtained) {
+			queuedAt = before
+		}
 		switch {
 		case h != nil:
 			return h, nil
@@ -342,6 +372,15 @@ func (c *Client) waitHold(ctx context.Context, s holdSpec, contended bool) (*hol
 			leave()
 			return nil, fmt.Errorf("%w: lock %q", ErrClosed, s.name)
 		case <-wake:
+			if g := sub.takeGrant(); g != nil && g.holdID == s.holdID {
+				h, err := c.startGranted(ctx, s, g, queuedAt)
+				if h != nil {
+					return h, nil
+				}
+				if err != nil {
+					s.holdID, queuedAt = c.nextHoldID(), time.Time{} // given back (startHold)
+				}
+			}
 		case <-writer:
 			// Nothing to attempt: the lock is no nearer. Pass it on and sleep on.
 			s.observer.writerQueued()
@@ -351,6 +390,30 @@ func (c *Client) waitHold(ctx context.Context, s holdSpec, contended bool) (*hol
 		case <-timer.C:
 		}
 	}
+}
+
+// startGranted starts the hold a release granted to the wait s (g, pushed), which Redis holds
+// for it as of the grant with the grant's TTL: the grace, or the lease TTL if shorter. That TTL
+// ran from after queuedAt (see waitHold), from which the hold's safe deadline counts until its
+// first renewal, due within the grace, gives it the full TTL. When too little of it is left,
+// no attempt was answered yet, or the lease is fixed (never renewed) and longer than the
+// grant's TTL, it returns nil and no error, and the wait's next attempt finds the hold and
+// takes it with a TTL of its own; a hold that ended at once is given back
+// (an error). A stale grant, of another hold id, is never passed here.
+func (c *Client) startGranted(ctx context.Context, s holdSpec, g *grantMsg, queuedAt time.Time) (*hold, error) {
+	ttl := s.cfg.leaseTTL()
+	grantTTL := min(grantGrace, ttl)
+	if queuedAt.IsZero() || c.since(queuedAt) >= s.cfg.safeLease(grantTTL)/2 {
+		return nil, nil
+	}
+	if s.cfg.fixedLease && grantTTL < ttl {
+		return nil, nil // no renewal would give it the rest of its fixed TTL
+	}
+	if err := c.checkOpen(); err != nil {
+		return nil, nil // the wait ends on Close and leaves the queue, giving the grant back
+	}
+	h, _, err := c.startHold(ctx, s, g.holdID, g.token, g.waiting, ttl, grantTTL, queuedAt)
+	return h, err
 }
 
 // tryHoldShallow runs a queued attempt on a short-lived goroutine. A waiter's own goroutine
@@ -402,11 +465,12 @@ func (c *Client) topologyMayHaveChanged(ctx context.Context) {
 	}
 }
 
-// leaveQueueNow takes a waiter out of the lock's queue, passing on a grant made to it.
+// leaveQueueNow takes a waiter out of the lock's queue, passing on a grant made to it (of the
+// hold s.holdID the wait recorded, or one to confirm).
 func (c *Client) leaveQueueNow(s holdSpec) {
 	ctx, cancel := context.WithTimeout(c.cleanup, leaveTimeout)
 	defer cancel()
-	_, _ = runRelease(ctx, c, s.keys, s.owner, "", s.access, releaseLeavingQueue)
+	_, _ = runRelease(ctx, c, s.keys, s.owner, s.holdID, s.access, releaseLeavingQueue)
 }
 
 // abandon undoes, in the background, an acquire whose reply was lost, if Redis applied it.

@@ -187,7 +187,11 @@ func (c *Client) track(ctx context.Context, l *hold, sent time.Time) error {
 	l.mu.Lock()
 	held := l.state == holdHeld // Close may have ended it already
 	if held {
-		l.setDeadlineLocked(sent, l.ttl, false)
+		ttl := l.ttl
+		if l.grantTTL > 0 {
+			ttl = l.grantTTL // a grant's TTL, until the first renewal (hold.grantTTL)
+		}
+		l.setDeadlineLocked(sent, ttl, false)
 	}
 	l.mu.Unlock()
 	if !held {

@@ -35,13 +35,16 @@ type hold struct {
 	notif      *notifier
 	// tracked is closed once a tracked read confirmed the hold, so a later change of the key
 	// is pushed (tests wait on it before tampering with the key).
-	tracked      chan struct{}
-	trackedOnce  sync.Once
-	mu           sync.Mutex
-	onEnd        func(err error) // see setOnEnd
-	state        holdState
-	err          error
-	ttl          time.Duration
+	tracked     chan struct{}
+	trackedOnce sync.Once
+	mu          sync.Mutex
+	onEnd       func(err error) // see setOnEnd
+	state       holdState
+	err         error
+	ttl         time.Duration
+	// grantTTL, for a hold a release granted (startGranted), is the TTL the grant gave it;
+	// its first renewal is due within it and counts at once, then it is 0 (renewer.requeue)
+	grantTTL     time.Duration
 	deadline     time.Time   // monotonic: when the hold counts as lost without a renewal
 	pending      time.Time   // the latest renewal's deadline, trusted once the next renewal succeeds
 	deadlineFrom time.Time   // send time of the latest acquire/renewal/extend
@@ -104,7 +107,7 @@ func (h *hold) extend(ctx context.Context, ttl time.Duration) error {
 	}
 	h.mu.Lock()
 	if h.state == holdHeld {
-		h.ttl = ttl
+		h.ttl, h.grantTTL = ttl, 0
 		h.setDeadlineLocked(sent, ttl, false)
 	}
 	h.mu.Unlock()

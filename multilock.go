@@ -273,7 +273,7 @@ func (c *Client) takeTogether(ctx context.Context, specs []holdSpec, taken []*ho
 		return idx[0], true, fmt.Errorf("dlock: MultiLock %q: unexpected multi-acquire reply %v", s0.name, res)
 	}
 	for j, i := range idx {
-		h, _, err := c.startHold(ctx, specs[i], ids[j], uint64(res[j+1]), false, ttl, sent)
+		h, _, err := c.startHold(ctx, specs[i], ids[j], uint64(res[j+1]), false, ttl, 0, sent)
 		if err != nil {
 			// The later members were taken in Redis but never started here: released now,
 			// not in the background, which Close may no longer allow.

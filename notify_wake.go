@@ -2,6 +2,8 @@ package dlock
 
 import (
 	"context"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -11,7 +13,7 @@ type channelState struct {
 	refs      int
 	confirmed bool
 	ready     chan struct{}            // closed when SUBSCRIBE is confirmed
-	waiters   map[chan struct{}]string // wake-up channel -> the waiter's owner id
+	waiters   map[*subscription]string // the waiters, with their owner ids
 	idleSince time.Time
 }
 
@@ -19,15 +21,46 @@ func wakeAll(cs *channelState) { wake(cs, "") }
 
 // wake wakes the waiters of owner, or all waiters when owner is "".
 func wake(cs *channelState, owner string) {
-	for w, o := range cs.waiters {
+	wakeGranted(cs, owner, nil)
+}
+
+// wakeGranted wakes the waiters of owner (all waiters when owner is ""), handing each the
+// grant g, if not nil, that a release made to it (called under n.mu).
+func wakeGranted(cs *channelState, owner string, g *grantMsg) {
+	for s, o := range cs.waiters {
 		if owner != "" && o != owner {
 			continue
 		}
+		if g != nil {
+			s.grant = g
+		}
 		select {
-		case w <- struct{}{}:
+		case s.c <- struct{}{}:
 		default:
 		}
 	}
+}
+
+// A grantMsg is a grant that wrote a waiter's recorded hold ("G <holdId> <token> <waiting>
+// <owner>", lib.lua): the waiter holds the lock as of the message.
+type grantMsg struct {
+	holdID  string
+	token   uint64
+	waiting bool // others still wait in the queue behind the readers granted
+}
+
+// parseGrant parses the payload of a "G" message into its grant and owner; ok is false for
+// any other payload.
+func parseGrant(payload string) (g *grantMsg, owner string, ok bool) {
+	f := strings.SplitN(payload, " ", 5)
+	if len(f) != 5 || f[0] != "G" || f[1] == "" || f[4] == "" || (f[3] != "0" && f[3] != "1") {
+		return nil, "", false
+	}
+	token, err := strconv.ParseUint(f[2], 10, 64)
+	if err != nil {
+		return nil, "", false
+	}
+	return &grantMsg{holdID: f[1], token: token, waiting: f[3] == "1"}, f[4], true
 }
 
 // writerWaits is the owner under which a Client's shared read holds listen on a lock's
@@ -35,20 +68,25 @@ func wake(cs *channelState, owner string) {
 // alone.
 const writerWaits = "#x"
 
-// released handles a message on a lock's channel. "g <owner>": a release granted the lock to
-// owner; "w <owner>": it freed the lock for owner, first in line, to compete for; either way
-// only that waiter wakes. "x": a writer joined the queue, which wakes the shared read holds
-// (readshare.go). Anything else wakes every waiter.
+// released handles a message on a lock's channel. "G ...": a release granted the lock to a
+// waiter with the hold it recorded, handed to that waiter; "g <owner>": a release granted the
+// lock to owner, to confirm; "w <owner>": it freed the lock for owner, first in line, to
+// compete for; either way only that waiter wakes. "x": a writer joined the queue, which wakes
+// the shared read holds (readshare.go). Anything else wakes every waiter.
 func (n *notifier) released(channel, payload string) {
 	owner := ""
-	if len(payload) > 2 && payload[1] == ' ' {
+	g, gOwner, granted := parseGrant(payload)
+	switch {
+	case granted:
+		owner = gOwner
+	case len(payload) > 2 && payload[1] == ' ':
 		owner = payload[2:]
-	} else if payload == "x" {
+	case payload == "x":
 		owner = writerWaits
 	}
 	n.mu.Lock()
 	if cs := n.chans[channel]; cs != nil {
-		wake(cs, owner)
+		wakeGranted(cs, owner, g)
 	}
 	n.mu.Unlock()
 }
@@ -92,7 +130,20 @@ type subscription struct {
 	channel   string
 	cs        *channelState // nil when nothing was subscribed (no pub/sub, a retired notifier)
 	c         chan struct{}
-	confirmed bool // false: the channel may not be subscribed, so the waiter must poll
+	confirmed bool      // false: the channel may not be subscribed, so the waiter must poll
+	grant     *grantMsg // the latest grant pushed to the waiter (n.mu); see takeGrant
+}
+
+// takeGrant returns, and forgets, the latest grant pushed to the waiter since the last call.
+func (s *subscription) takeGrant() *grantMsg {
+	if s.cs == nil {
+		return nil
+	}
+	s.n.mu.Lock()
+	defer s.n.mu.Unlock()
+	g := s.grant
+	s.grant = nil
+	return g
 }
 
 // subscribe registers a waiter on channel and returns once Redis confirmed the subscription
@@ -111,11 +162,11 @@ func (n *notifier) subscribe(ctx context.Context, channel, owner string) *subscr
 	cs := n.chans[channel]
 	fresh := cs == nil
 	if fresh {
-		cs = &channelState{ready: make(chan struct{}), waiters: make(map[chan struct{}]string)}
+		cs = &channelState{ready: make(chan struct{}), waiters: make(map[*subscription]string)}
 		n.chans[channel] = cs
 	}
 	cs.refs++
-	cs.waiters[s.c] = owner
+	cs.waiters[s] = owner
 	s.cs = cs
 	ready, denied := cs.ready, n.denied
 	n.mu.Unlock()
@@ -145,7 +196,7 @@ func (s *subscription) close() {
 	n := s.n
 	n.mu.Lock()
 	if cs := s.cs; cs != nil {
-		delete(cs.waiters, s.c)
+		delete(cs.waiters, s)
 		cs.refs--
 		if cs.refs == 0 {
 			cs.idleSince = time.Now()

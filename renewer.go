@@ -45,7 +45,7 @@ func (r *renewer) add(l *hold, sent time.Time) {
 	l.mu.Lock()
 	wake := false
 	if l.state == holdHeld && l.heapIdx < 0 {
-		l.renewAt = sent.Add(renewPeriod(l.ttl))
+		l.renewAt = sent.Add(firstRenewal(l))
 		heap.Push(&r.h, l)
 		wake = l.renewAt.Before(r.nextWake)
 	}
@@ -54,6 +54,15 @@ func (r *renewer) add(l *hold, sent time.Time) {
 	if wake {
 		r.poke()
 	}
+}
+
+// firstRenewal is how long after its acquire was sent a hold is first renewed: TTL/4, or for a
+// hold a release granted, within the grant's TTL (half of it), which it holds only until then.
+func firstRenewal(l *hold) time.Duration {
+	if l.grantTTL > 0 {
+		return min(renewPeriod(l.ttl), l.grantTTL/2)
+	}
+	return renewPeriod(l.ttl)
 }
 
 // reschedule moves a scheduled lease's next renewal to TTL/4 after sent.
@@ -153,12 +162,18 @@ func byNode(due []*hold) [][]*hold {
 // renewBatch extends every lease in due (all on one node) with one pipelined round trip.
 func (r *renewer) renewBatch(ctx context.Context, due []*hold) {
 	ttls := make([]time.Duration, len(due))
+	retries := make([]time.Duration, len(due)) // when to try again after a failure
 	timeout := time.Duration(1<<63 - 1)
 	for i, l := range due {
 		l.mu.Lock()
 		ttls[i] = l.ttl
+		window := l.ttl
+		if l.grantTTL > 0 {
+			window = min(window, l.grantTTL) // a granted hold's first renewal: see hold.grantTTL
+		}
 		l.mu.Unlock()
-		timeout = min(timeout, max(ttls[i]/4, minRenewTimeout))
+		retries[i] = min(window/10, maxRenewRetry)
+		timeout = min(timeout, max(window/4, minRenewTimeout))
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -183,7 +198,7 @@ func (r *renewer) renewBatch(ctx context.Context, due []*hold) {
 				// the slot's new master, or renewals would go to the dead node until the deadline.
 				r.c.topologyMayHaveChanged(ctx)
 			}
-			r.requeue(l, r.c.now().Add(min(ttls[i]/10, maxRenewRetry)), time.Time{}, 0)
+			r.requeue(l, r.c.now().Add(retries[i]), time.Time{}, 0)
 		case n == 0:
 			l.lose(errRenewRefused)
 		default:
@@ -199,7 +214,10 @@ func (r *renewer) requeue(l *hold, at, renewed time.Time, ttl time.Duration) {
 	l.mu.Lock()
 	if l.state == holdHeld && l.heapIdx < 0 {
 		if !renewed.IsZero() {
-			l.setDeadlineLocked(renewed, ttl, true)
+			// A granted hold's first renewal counts at once, as the acquire it stands for
+			// would have: until then the hold had only the grant's short TTL.
+			l.setDeadlineLocked(renewed, ttl, l.grantTTL == 0)
+			l.grantTTL = 0
 		}
 		l.renewAt = at
 		heap.Push(&r.h, l)

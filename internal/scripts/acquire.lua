@@ -6,12 +6,14 @@
 -- KEYS[2] fence       the highest token reserved, never below the server clock in µs; it
 --                     expires once the clock has passed it (see reserve_block)
 -- KEYS[3] op log      hash: r:<owner> = hold id of the owner's last release,
---                     g:<owner> = token of a lock granted to the owner while it waited
+--                     g:<owner> = token of a lock granted to the owner while it waited,
+--                     p:<queue member> = the hold a grant writes for that waiter (lib.lua)
 -- KEYS[4] queue       sorted set of waiting owners scored by when they joined (ms): FIFO
 -- KEYS[5] liveness    hash {waiting owner: deadline in ms of server time}
 -- ARGV[1] owner id
 -- ARGV[2] lease TTL in ms
--- ARGV[3] hold id: unique per call, resent unchanged when the call is retried
+-- ARGV[3] hold id: unique per call, resent unchanged when the call is retried; a waiter's
+--         queued attempts all send the one its wait will hold if granted (see lib.lua)
 -- ARGV[4] op log TTL in ms
 -- ARGV[5] "1" to join (or stay in) the queue when not obtained
 -- ARGV[6] liveness window in ms: a waiter not heard from for this long is skipped
@@ -93,6 +95,9 @@ local function queue_up(foreign)
         msgs[#msgs + 1] = 'x'
       end
     end
+    -- The hold a grant will write for us (lib.lua): this wait's hold id and our TTL.
+    redis.call('HSET', KEYS[3], 'p:' .. me, ARGV[3] .. ' ' .. ARGV[2])
+    redis.call('PEXPIRE', KEYS[3], ARGV[4])
     -- The queue lives while anyone waits in it, and disappears on its own after.
     redis.call('PEXPIRE', KEYS[4], ARGV[11])
     redis.call('PEXPIRE', KEYS[5], ARGV[11])
@@ -106,6 +111,7 @@ end
 local function ahead(head, waited)
   if head == me then
     leave_queue(KEYS[4], KEYS[5], me)
+    redis.call('HDEL', KEYS[3], 'p:' .. me)
     return true
   end
   if mode == 'r' and head:sub(1, 2) == 'w:' then
@@ -126,11 +132,15 @@ local function take_free()
   leave_queue(KEYS[4], KEYS[5], head)
   local token = grant(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], head, ARGV[8], ARGV[4], msgs)
   if mode == 'r' and head:sub(1, 2) == 'r:' then
-    if redis.call('HGET', KEYS[1], owner) == '0' then
+    local c = redis.call('HMGET', KEYS[1], owner, mark)
+    if c[1] == '0' then
       -- We were queued among the readers admitted: confirm our own grant now.
       redis.call('HDEL', KEYS[3], 'g:' .. owner)
       redis.call('HSET', KEYS[1], owner, 1, '#e:' .. owner, 0) -- our own deadline replaces the grace
       return join(token)
+    end
+    if c[2] then
+      return join(token) -- admitted with the hold we recorded: it gets our TTL
     end
     if first_waiter(KEYS[4], KEYS[5]) == nil then
       return join(token)
@@ -184,8 +194,15 @@ if f[6] == 'r' and f[1] == '0' then
 end
 if f[1] then
   local token, count = tonumber(f[3]), tonumber(f[1])
-  -- A retry of a call that already succeeded (its reply was lost) must not count twice.
+  -- A retry of a call that already succeeded (its reply was lost) must not count twice; or a
+  -- waiter's attempt finding the hold a grant wrote for it (the grant's TTL is the grace,
+  -- which this call's lease must not count on). Either way the hold gets our TTL from now.
   if f[2] then
+    if f[6] == 'r' then
+      add_reader(KEYS[1], owner, nil, ARGV[2])
+    else
+      redis.call('PEXPIRE', KEYS[1], ARGV[2], 'GT')
+    end
     return holds(token, count)
   end
   -- A release handed us the lock while we waited: take it with our own TTL. The grant is
@@ -225,6 +242,7 @@ if f[6] == 'r' and mode == 'r' then
   local head = first_waiter(KEYS[4], KEYS[5])
   if head == me then
     leave_queue(KEYS[4], KEYS[5], me)
+    redis.call('HDEL', KEYS[3], 'p:' .. me)
   end
   if head == nil or head == me then
     return join(tonumber(f[3]))

@@ -121,8 +121,8 @@ local function is_mark(f)
 end
 
 -- hold_lock writes a fresh hold of owner (count 1) with its token and sets the TTL. mark is
--- the hold's "#"..holdId field, or nil for a lock granted to a waiter, which adds its own
--- mark when it confirms. mode is '' for a mutex, 'r' or 'w' for a read-write lock.
+-- the hold's "#"..holdId field, or nil for a lock granted to a waiter that confirms the grant
+-- with its own acquire (see grant). mode is '' for a mutex, 'r' or 'w' for a read-write lock.
 local function hold_lock(k_lock, owner, mark, token, ttl, mode)
   local count = 1
   if mode == 'r' and not mark then
@@ -239,39 +239,93 @@ local function drop_reader(k_lock, owner)
   return prune_readers(k_lock, true)
 end
 
+-- A waiter's queued attempts record, in the op log, the hold it will hold if granted:
+-- p:<queue member> = "<holdId> <ttl ms>" (one hold id for the whole wait; by member, since
+-- one owner id may wait to read and to write at once). A grant to such a waiter
+-- writes that hold in full (count 1 and its mark), so the waiter holds the lock the moment the
+-- grant is published ("G <holdId> <token> <waiting> <owner>") and starts its lease on the
+-- message alone, with no confirming round trip. The grant's TTL is the grace (or the waiter's
+-- own TTL if shorter): a killed waiter still stalls the lock no longer than before, and the
+-- grantee's first renewal, due within the grace, gives the lock its full TTL. A waiter without
+-- a record (a client of an earlier dlock version) is granted as before: "g <owner>", no mark,
+-- and its own acquire confirms the grant.
+
+-- pending_hold returns the mark and hold id the waiting queue member who recorded, and the
+-- grant's TTL (the grace, or the waiter's TTL if shorter), removing the record; nil, nil and
+-- the grace without one.
+local function pending_hold(k_log, who, grace)
+  local k = 'p:' .. who
+  local p = redis.call('HGET', k_log, k)
+  if not p then
+    return nil, nil, grace
+  end
+  redis.call('HDEL', k_log, k)
+  local id, ttl = p:match('^(%S+) (%d+)$')
+  if not id then
+    return nil, nil, grace
+  end
+  return '#' .. id, id, math.min(tonumber(grace), tonumber(ttl))
+end
+
+-- grant_msg is the message announcing a grant to owner: "G ..." with the hold written for it,
+-- "g <owner>" for a grant it confirms itself. waiting is 1 when someone still waits in the
+-- queue behind the readers granted (their Client then lets no new local reader share the hold).
+local function grant_msg(owner, id, t, waiting)
+  if id then
+    return 'G ' .. id .. ' ' .. t .. ' ' .. waiting .. ' ' .. owner
+  end
+  return 'g ' .. owner
+end
+
 -- admit_readers grants a lock in read mode to the readers first in its queue, up to the first
--- writer: no reader waits behind readers. Each gets the grace TTL to confirm and a grant record
--- with the phase's token t; messages go to msgs.
-local function admit_readers(k_lock, k_log, k_queue, k_live, t, grace, log_ttl, msgs)
+-- writer: no reader waits behind readers. Each is written with its recorded hold (see above)
+-- or, without one, gets the grace TTL to confirm and a grant record with the phase's token t.
+-- Their messages go to msgs, after those of granted ({owner, hold id} pairs: the readers the
+-- caller granted already).
+local function admit_readers(k_lock, k_log, k_queue, k_live, t, grace, log_ttl, msgs, granted)
+  granted = granted or {}
+  local head
   for _ = 1, 1000 do -- bounded: a longer line of readers is admitted by later scripts
-    local head = first_waiter(k_queue, k_live)
+    head = first_waiter(k_queue, k_live)
     if not head or head:sub(1, 2) ~= 'r:' then
-      return
+      break
     end
     local owner = head:sub(3)
     leave_queue(k_queue, k_live, head)
-    redis.call('HSET', k_log, 'g:' .. owner, t)
-    redis.call('PEXPIRE', k_log, log_ttl)
-    add_reader(k_lock, owner, nil, grace)
-    msgs[#msgs + 1] = 'g ' .. owner
+    local mark, id, ttl = pending_hold(k_log, head, grace)
+    if not mark then
+      redis.call('HSET', k_log, 'g:' .. owner, t)
+      redis.call('PEXPIRE', k_log, log_ttl)
+    end
+    add_reader(k_lock, owner, mark, ttl)
+    granted[#granted + 1] = {owner, id}
+  end
+  local waiting = head and 1 or 0
+  for _, g in ipairs(granted) do
+    msgs[#msgs + 1] = grant_msg(g[1], g[2], t, waiting)
   end
 end
 
--- grant hands the free lock to the queue member head with the short TTL grace until it
--- confirms by running acquire; a reader at the head brings every reader queued right behind
--- it (they share the phase's token). The op log records each grant (g:<owner> = token) before
--- the lock is written, so a grantee can tell its grant from a stale one. It returns the
--- messages ("g <owner>") the caller publishes last (notify_all), appended to msgs.
+-- grant hands the free lock to the queue member head: with the hold it recorded, or with the
+-- short TTL grace until it confirms by running acquire (see above); a reader at the head
+-- brings every reader queued right behind it (they share the phase's token). A grant to be
+-- confirmed is recorded in the op log (g:<owner> = token) before the lock is written, so the
+-- grantee can tell it from a stale one. It returns the token; the messages the caller
+-- publishes last (notify_all) are appended to msgs.
 local function grant(k_lock, k_fence, k_log, k_queue, k_live, head, grace, log_ttl, msgs)
   local mode, owner = split_member(head)
   local token = reserve_block(k_fence)
   local t = string.format('%d', token)
-  redis.call('HSET', k_log, 'g:' .. owner, t)
-  redis.call('PEXPIRE', k_log, log_ttl)
-  hold_lock(k_lock, owner, nil, token, grace, mode)
-  msgs[#msgs + 1] = 'g ' .. owner
+  local mark, id, ttl = pending_hold(k_log, head, grace)
+  if not mark then
+    redis.call('HSET', k_log, 'g:' .. owner, t)
+    redis.call('PEXPIRE', k_log, log_ttl)
+  end
+  hold_lock(k_lock, owner, mark, token, ttl, mode)
   if mode == 'r' then
-    admit_readers(k_lock, k_log, k_queue, k_live, t, grace, log_ttl, msgs)
+    admit_readers(k_lock, k_log, k_queue, k_live, t, grace, log_ttl, msgs, {{owner, id}})
+  else
+    msgs[#msgs + 1] = grant_msg(owner, id, t, 0)
   end
   return token
 end

@@ -15,13 +15,14 @@
 -- ARGV[6] grace in ms: TTL of a lock granted to a waiter until it confirms
 -- ARGV[7] PUBLISH or SPUBLISH
 -- ARGV[8] "1" for a waiter giving up: leave the queue, and pass on a lock granted to it and
---         not yet confirmed
+--         not yet confirmed, or granted with the hold its wait recorded (ARGV[2], that hold's
+--         id, or "")
 -- ARGV[9] barging window in ms: a first waiter that has waited less is not granted the lock
 --         but woken ("w <owner>") to compete for it with callers outside the queue
 -- ARGV[10] mode: "" for a mutex, "r" or "w" for a read-write lock (see lib.lua); a reader's
 --         release frees the lock only when it was the last reader
 --
--- Returns 3 when the lock was handed to a waiter ("g <owner>" published), 2 when it was
+-- Returns 3 when the lock was handed to a waiter ("g"/"G" published, lib.lua), 2 when it was
 -- freed ("w <owner>" published when a waiter is first in line), 1 when one of several holds
 -- was dropped or this very release had already been applied (a retry after a lost reply), 0
 -- when the hold does not exist (expired, deleted, taken, or the key is not a lock hash) and
@@ -85,6 +86,14 @@ end
 
 if ARGV[8] == '1' then
   leave_queue(KEYS[4], KEYS[5], member(mode, owner))
+  redis.call('HDEL', KEYS[2], 'p:' .. member(mode, owner))
+  if ARGV[2] ~= '' then
+    -- A grant wrote the hold this wait recorded (lib.lua): the waiter never used it.
+    local g = lock_fields(KEYS[1], mark, '#m')
+    if g and g[1] then
+      return let_go(g[2] == 'r', mark)
+    end
+  end
   -- A lock granted to us and not yet confirmed is ours to pass on: the grant record names
   -- the lock's current token only while that grant stands (confirming it deletes the record).
   local granted = redis.call('HGET', KEYS[2], 'g:' .. owner)

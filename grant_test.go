@@ -1,0 +1,281 @@
+package dlock_test
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/redistest"
+	"github.com/dlock-go/dlock/internal/scripts"
+	"github.com/redis/go-redis/v9"
+)
+
+// Grants that write the waiter's hold (lib.lua): the waiter's lease starts on the pushed grant.
+
+// acquireMode runs a queued acquire of a lock kind ("" mutex, "r" or "w" read-write).
+func acquireMode(t *testing.T, rdb *redis.Client, k lockNames, owner, holdID, mode string) []int64 {
+	t.Helper()
+	res, err := scripts.Acquire.Run(ctxT(t), rdb, []string{k.lock, k.fence, k.log, k.queue, k.live},
+		owner, 30000, holdID, 60000, true, 750, k.channel, 500, "PUBLISH", true, 60000, 0, mode).Int64Slice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+func releaseMode(t *testing.T, rdb *redis.Client, k lockNames, owner, holdID, mode string, leaving bool) int64 {
+	t.Helper()
+	n, err := scripts.Release.Run(ctxT(t), rdb, []string{k.lock, k.log, k.fence, k.queue, k.live},
+		owner, holdID, 60000, k.channel, false, 500, "PUBLISH", leaving, 0, mode).Int64()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// A waiter whose user may no longer run scripts once it waits still gets the lock from the
+// release: the grant wrote its hold, and the pushed message starts its lease.
+func TestGrantedWaiterHoldsWithoutRunningAScript(t *testing.T) {
+	ctx := ctxT(t)
+	srv := redistest.Shared(t)
+	name := redistest.Name(t)
+	holderC, admin := newClient(t)
+	held, err := holderC.Mutex(name).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	user := "grantee" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	c := dlock.New(aclClient(t, srv, user, minimalACL...))
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	// A first grant to c, with scripts allowed, settles its notification connection (its
+	// first subscription wakes every waiter, which then tries again).
+	grantTo(t, c.Mutex(name+"-warm-up"))
+	got := make(chan lockResult, 1)
+	go func() {
+		l, err := c.Mutex(name).Lock(ctx)
+		got <- lockResult{l, err}
+	}()
+	waitQueueLen(t, admin, name, 1)
+	if err := admin.Do(ctx, "ACL", "SETUSER", user, "-evalsha", "-eval").Err(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(10 * time.Millisecond) // past the 4ms barging window: the release grants to the waiter
+	if err := held.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var r lockResult
+	select {
+	case r = <-got:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiter never got the lock granted to it")
+	}
+	// Scripts again, before the lease's first renewal (due within the grant's 500ms).
+	if err := admin.Do(ctx, "ACL", "SETUSER", user, "+evalsha", "+eval").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if r.err != nil {
+		t.Fatalf("granted waiter's Lock = %v, want a lease without running a script", r.err)
+	}
+	tok, _ := admin.HGet(ctx, lockKey(name), "#t").Uint64()
+	if r.l.Token() != tok {
+		t.Fatalf("granted lease's token %d, lock's %d", r.l.Token(), tok)
+	}
+	if err := r.l.Unlock(ctx); err != nil {
+		t.Fatalf("Unlock of the granted lease: %v", err)
+	}
+	// A Client lingers briefly on a lock it waited for (cohortLinger) before it lets go.
+	for deadline := time.Now().Add(time.Second); admin.Exists(ctx, lockKey(name)).Val() != 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("lock still there 1s after the granted lease's Unlock")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+type lockResult struct {
+	l   *dlock.Lease
+	err error
+}
+
+// grantTo makes c's handle m wait behind a lease of another Client and returns the lease the
+// release grants it.
+func grantTo(t *testing.T, m *dlock.Mutex) *dlock.Lease {
+	t.Helper()
+	ctx := ctxT(t)
+	holderC, rdb := newClient(t)
+	held, err := holderC.Mutex(m.Name()).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan lockResult, 1)
+	go func() {
+		l, err := m.Lock(ctx)
+		got <- lockResult{l, err}
+	}()
+	waitQueueLen(t, rdb, m.Name(), 1)
+	time.Sleep(10 * time.Millisecond) // past the barging window
+	if err := held.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-got
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	t.Cleanup(func() { _ = r.l.Unlock(context.Background()) })
+	return r.l
+}
+
+// A granted lease holds the lock with the grant's short TTL only until its first renewal,
+// due within that TTL, which gives the lock the lease's own.
+func TestGrantedLeaseGetsItsFullTTLFromItsFirstRenewal(t *testing.T) {
+	const ttl = 10 * time.Second
+	c, rdb := newClient(t)
+	name := redistest.Name(t)
+	l := grantTo(t, c.Mutex(name, dlock.WithTTL(ttl)))
+	deadline := time.Now().Add(2 * time.Second)
+	for rdb.PTTL(ctxT(t), lockKey(name)).Val() < time.Second {
+		if time.Now().After(deadline) {
+			t.Fatalf("granted lock's PTTL still %v after 2s: the first renewal never came",
+				rdb.PTTL(ctxT(t), lockKey(name)).Val())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if rem := l.Remaining(); rem < time.Second {
+		t.Fatalf("granted lease's Remaining %v after its first renewal, want about %v", rem, ttl)
+	}
+	select {
+	case <-l.Done():
+		t.Fatalf("granted lease ended: %v", l.Err())
+	default:
+	}
+}
+
+// A fixed lease is never renewed: granted, it still holds the lock for its whole TTL.
+func TestGrantedFixedLeaseKeepsItsTTL(t *testing.T) {
+	const ttl = 3 * time.Second
+	c, rdb := newClient(t)
+	name := redistest.Name(t)
+	l := grantTo(t, c.Mutex(name, dlock.WithTTL(ttl), dlock.WithFixedLease()))
+	if pttl := rdb.PTTL(ctxT(t), lockKey(name)).Val(); pttl < time.Second {
+		t.Fatalf("granted fixed lease's lock PTTL %v, want about %v", pttl, ttl)
+	}
+	if rem := l.Remaining(); rem < time.Second {
+		t.Fatalf("granted fixed lease's Remaining %v, want about %v", rem, ttl)
+	}
+}
+
+// The grant writes the hold the waiter recorded; the waiter's next attempt finds it and gives
+// it its own TTL, and a waiter leaving instead passes it on.
+func TestGrantWritesTheRecordedHold(t *testing.T) {
+	rdb := redistest.Client(t)
+	ctx := ctxT(t)
+	k := names(t)
+	if res := acquireMode(t, rdb, k, "A", "ha", ""); res[0] != 1 {
+		t.Fatalf("A: %v", res)
+	}
+	for _, w := range []string{"W1", "W2"} {
+		if res := acquireMode(t, rdb, k, w, "h"+w, ""); res[0] != 0 {
+			t.Fatalf("%s got the held lock: %v", w, res)
+		}
+	}
+	time.Sleep(5 * time.Millisecond) // past any barging window
+	sub := rdb.Subscribe(ctx, k.channel)
+	defer sub.Close()
+	if _, err := sub.Receive(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := releaseMode(t, rdb, k, "A", "ha", "", false); n != 3 {
+		t.Fatalf("A's release = %d, want 3 (granted)", n)
+	}
+	tok, _ := rdb.HGet(ctx, k.lock, "#t").Int64()
+	msg, err := sub.ReceiveMessage(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "G hW1 " + strconv.FormatInt(tok, 10) + " 0 W1"; msg.Payload != want {
+		t.Fatalf("grant message %q, want %q", msg.Payload, want)
+	}
+	if v := rdb.HGet(ctx, k.lock, "#hW1").Val(); v != "1" {
+		t.Fatalf("W1's recorded hold in the lock = %q, want 1", v)
+	}
+	if pttl := rdb.PTTL(ctx, k.lock).Val(); pttl > 500*time.Millisecond {
+		t.Fatalf("granted lock's PTTL %v, want the grace", pttl)
+	}
+	// W1's attempt, before it heard of the grant: held, with its own TTL from now on.
+	if res := acquireMode(t, rdb, k, "W1", "hW1", ""); res[0] != 1 || res[1] != tok || res[2] != 1 {
+		t.Fatalf("W1's attempt after its grant = %v, want held with token %d, count 1", res, tok)
+	}
+	if pttl := rdb.PTTL(ctx, k.lock).Val(); pttl < 20*time.Second {
+		t.Fatalf("lock's PTTL after the grantee's attempt %v, want its 30s TTL", pttl)
+	}
+	// W1's release grants W2's recorded hold; W2 gives up and passes it on (nobody waits).
+	if n := releaseMode(t, rdb, k, "W1", "hW1", "", false); n != 3 {
+		t.Fatalf("W1's release = %d, want 3", n)
+	}
+	if v := rdb.HGet(ctx, k.lock, "#hW2").Val(); v != "1" {
+		t.Fatalf("W2's recorded hold in the lock = %q, want 1", v)
+	}
+	releaseMode(t, rdb, k, "W2", "hW2", "", true)
+	if n := rdb.Exists(ctx, k.lock).Val(); n != 0 {
+		t.Fatalf("lock still held after its grantee left the queue: %v", rdb.HGetAll(ctx, k.lock).Val())
+	}
+	for f := range rdb.HGetAll(ctx, k.log).Val() {
+		if !strings.HasPrefix(f, "r:") { // the releases' own records stay
+			t.Fatalf("op log after the waits: %v, want no pending or grant records", rdb.HGetAll(ctx, k.log).Val())
+		}
+	}
+}
+
+// Readers first in line are granted together, each with its recorded hold, and told whether a
+// writer waits behind them; one owner waiting to read and to write records two holds.
+func TestReadersGrantedTogetherWithTheirRecordedHolds(t *testing.T) {
+	rdb := redistest.Client(t)
+	ctx := ctxT(t)
+	k := names(t)
+	if res := acquireMode(t, rdb, k, "W0", "hw0", "w"); res[0] != 1 {
+		t.Fatalf("W0: %v", res)
+	}
+	acquireMode(t, rdb, k, "O", "hr", "r")
+	acquireMode(t, rdb, k, "R", "hR", "r")
+	acquireMode(t, rdb, k, "O", "hw", "w")
+	sub := rdb.Subscribe(ctx, k.channel)
+	defer sub.Close()
+	if _, err := sub.Receive(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := releaseMode(t, rdb, k, "W0", "hw0", "w", false); n != 3 {
+		t.Fatalf("W0's release = %d, want 3", n)
+	}
+	tok := rdb.HGet(ctx, k.lock, "#t").Val()
+	var got []string
+	for len(got) < 2 {
+		msg, err := sub.ReceiveMessage(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, msg.Payload)
+	}
+	want := []string{"G hr " + tok + " 1 O", "G hR " + tok + " 1 R"}
+	if strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Fatalf("grant messages %q, want %q", got, want)
+	}
+	h := rdb.HGetAll(ctx, k.lock).Val()
+	if h["O"] != "1" || h["R"] != "1" || h["#hr"] != "O" || h["#hR"] != "R" || h["#r"] != "2" || h["#hw"] != "" {
+		t.Fatalf("lock after the readers' grant: %v", h)
+	}
+	if v := rdb.HGet(ctx, k.log, "p:w:O").Val(); !strings.HasPrefix(v, "hw ") {
+		t.Fatalf("O's writer record %q, want its own hold hw", v)
+	}
+	// The readers leave the read phase: the last one grants O's write hold.
+	releaseMode(t, rdb, k, "R", "hR", "r", false)
+	if n := releaseMode(t, rdb, k, "O", "hr", "r", false); n != 3 {
+		t.Fatalf("last reader's release = %d, want 3", n)
+	}
+	h = rdb.HGetAll(ctx, k.lock).Val()
+	if h["#m"] != "w" || h["#hw"] != "1" || h["O"] != "1" {
+		t.Fatalf("lock after the writer's grant: %v", h)
+	}
+}
