@@ -110,8 +110,9 @@ type holdSpec struct {
 	access    access
 	observer  waitObserver // nil, or told what a wait on behalf of others hears (waitHold)
 	// holdID is the hold a wait's queued attempts send, the one a grant writes for it
-	// (waitHold); "" gives each call a fresh one.
-	holdID string
+	// (waitHold); "" gives each call a fresh one. attempt numbers the wait's attempts.
+	holdID  string
+	attempt uint64
 }
 
 // A waitObserver hears what a wait on behalf of others (the readers of a Client waiting
@@ -148,14 +149,15 @@ func (c *Client) tryHold(ctx context.Context, s holdSpec, queue bool) (*hold, ti
 	res, err := scripts.Acquire.Run(ctx, c.rdb, []string{k.lock, k.fence, k.opLog, k.queue, k.live},
 		s.owner, ttl.Milliseconds(), holdID, opLogTTL.Milliseconds(), queue,
 		livenessWindow.Milliseconds(), k.channel, grantGrace.Milliseconds(), c.publishCmd,
-		s.reentrant, queueTTL.Milliseconds(), barge.Milliseconds(), string(s.access)).Int64Slice()
+		s.reentrant, queueTTL.Milliseconds(), barge.Milliseconds(), string(s.access), s.attempt).Int64Slice()
 	if err != nil {
 		if classify(err) == replyUnavailable {
 			c.topologyMayHaveChanged(ctx) // the next attempt, the caller's or ours, may go elsewhere
 		}
-		if !isRedisReply(err) {
+		if !isRedisReply(err) && s.holdID == "" {
 			// The script may have run with its reply lost: undo it in the background so the
-			// lock is not left held (it would otherwise expire only after its TTL).
+			// lock is not left held (it would otherwise expire only after its TTL). A wait's
+			// hold is not: its next attempt finds it, and leaving the queue releases it.
 			c.abandon(s, holdID)
 		}
 		if cerr := ctx.Err(); cerr != nil {
@@ -189,7 +191,9 @@ func (c *Client) startHold(ctx context.Context, s holdSpec, holdID string, token
 	// lease that is already over: drop the hold in Redis and let the caller try again a
 	// little later. Decided before the hold is tracked, so no deadline timer races with it.
 	late := func(why error) (*hold, time.Duration, error) {
-		c.abandon(s, holdID)
+		if s.holdID == "" { // a wait's next attempt takes its hold again (see tryHold)
+			c.abandon(s, holdID)
+		}
 		return nil, lateRetry, notObtained(s.name, why)
 	}
 	valid := ttl
@@ -247,9 +251,9 @@ const (
 //
 // Its queued attempts all send one hold id, recorded in Redis with its place, and a release
 // that grants it the lock writes that hold for it: the pushed grant starts the hold with no
-// further round trip (startGranted). An attempt whose reply was lost (or came too late) is
-// undone in the background, so the wait goes on with a new hold id, and a grant of the old one
-// is not taken for its own.
+// further round trip (startGranted). The id stays the wait's to the end: an attempt whose
+// reply was lost (or came too late), or a grant not taken up, leaves the hold to the wait's
+// next attempt, which finds it, or to leaving the queue, which releases it.
 func (c *Client) waitHold(ctx context.Context, s holdSpec, contended bool) (*hold, error) {
 	// The wait holds a slot of the Client's background work until it has left the queue, so
 	// Close, which ends the wait at once, waits for the leaving (bounded) before it returns.
@@ -263,9 +267,12 @@ func (c *Client) waitHold(ctx context.Context, s holdSpec, contended bool) (*hol
 		}
 	}()
 	s.holdID = c.nextHoldID()
-	// queuedAt is when the latest attempt Redis answered "not obtained" with s.holdID was sent:
-	// a grant of that hold came later, so its TTL runs from after queuedAt.
+	// answered numbers the latest attempt Redis answered "not obtained", sent at queuedAt: a
+	// grant that names it came after it, so the grant's TTL runs from after queuedAt. A grant
+	// naming an earlier attempt may have ended before that answer (expired, lost in a
+	// failover, passed on while this process was paused) and is never taken.
 	var queuedAt time.Time
+	var answered uint64
 	leave := func() {
 		slot = false
 		go func() {
@@ -303,13 +310,11 @@ func (c *Client) waitHold(ctx context.Context, s holdSpec, contended bool) (*hol
 	var failing error // the last ErrUnavailable, while Redis keeps failing
 	backoff := time.Duration(0)
 	for {
+		s.attempt++
 		before := c.now()
 		h, wait, err := c.tryHoldShallow(ctx, s)
-		if errors.Is(err, ErrUnavailable) || errors.Is(err, errLateReply) || errors.Is(err, errLostAtOnce) {
-			// The attempt's hold, if it took or was granted one, is being undone.
-			s.holdID, queuedAt = c.nextHoldID(), time.Time{}
-		} else if h == nil && errors.Is(err, ErrNotObtained) {
-			queuedAt = before
+		if h == nil && errors.Is(err, ErrNotObtained) && !errors.Is(err, errLateReply) && !errors.Is(err, errLostAtOnce) {
+			queuedAt, answered = before, s.attempt
 		}
 		switch {
 		case h != nil:
@@ -372,13 +377,9 @@ func (c *Client) waitHold(ctx context.Context, s holdSpec, contended bool) (*hol
 			leave()
 			return nil, fmt.Errorf("%w: lock %q", ErrClosed, s.name)
 		case <-wake:
-			if g := sub.takeGrant(); g != nil && g.holdID == s.holdID {
-				h, err := c.startGranted(ctx, s, g, queuedAt)
-				if h != nil {
+			if g := sub.takeGrant(); g != nil && g.holdID == s.holdID && g.attempt == answered && answered > 0 {
+				if h := c.startGranted(ctx, s, g, queuedAt); h != nil {
 					return h, nil
-				}
-				if err != nil {
-					s.holdID, queuedAt = c.nextHoldID(), time.Time{} // given back (startHold)
 				}
 			}
 		case <-writer:
@@ -392,28 +393,27 @@ func (c *Client) waitHold(ctx context.Context, s holdSpec, contended bool) (*hol
 	}
 }
 
-// startGranted starts the hold a release granted to the wait s (g, pushed), which Redis holds
-// for it as of the grant with the grant's TTL: the grace, or the lease TTL if shorter. That TTL
-// ran from after queuedAt (see waitHold), from which the hold's safe deadline counts until its
-// first renewal, due within the grace, gives it the full TTL. When too little of it is left,
-// no attempt was answered yet, or the lease is fixed (never renewed) and longer than the
-// grant's TTL, it returns nil and no error, and the wait's next attempt finds the hold and
-// takes it with a TTL of its own; a hold that ended at once is given back
-// (an error). A stale grant, of another hold id, is never passed here.
-func (c *Client) startGranted(ctx context.Context, s holdSpec, g *grantMsg, queuedAt time.Time) (*hold, error) {
+// startGranted starts the hold a release granted to the wait s (g, pushed, naming the wait's
+// attempt Redis answered last, sent at queuedAt), which Redis holds for it as of the grant
+// with the grant's TTL: the grace, or the lease TTL if shorter. That TTL ran from after
+// queuedAt, from which the hold's safe deadline counts until its first renewal, due within
+// the grace, gives it the full TTL. It returns nil when too little of it is left, when the
+// lease is fixed (never renewed) and longer than the grant's TTL, or when the hold ended at
+// once: the wait's next attempt then finds the hold and takes it with a TTL of its own.
+func (c *Client) startGranted(ctx context.Context, s holdSpec, g *grantMsg, queuedAt time.Time) *hold {
 	ttl := s.cfg.leaseTTL()
-	grantTTL := min(grantGrace, ttl)
-	if queuedAt.IsZero() || c.since(queuedAt) >= s.cfg.safeLease(grantTTL)/2 {
-		return nil, nil
+	grantTTL := min(grantGrace, ttl, g.ttl)
+	if c.since(queuedAt) >= s.cfg.safeLease(grantTTL)/2 {
+		return nil
 	}
 	if s.cfg.fixedLease && grantTTL < ttl {
-		return nil, nil // no renewal would give it the rest of its fixed TTL
+		return nil // no renewal would give it the rest of its fixed TTL
 	}
 	if err := c.checkOpen(); err != nil {
-		return nil, nil // the wait ends on Close and leaves the queue, giving the grant back
+		return nil // the wait ends on Close and leaves the queue, giving the grant back
 	}
-	h, _, err := c.startHold(ctx, s, g.holdID, g.token, g.waiting, ttl, grantTTL, queuedAt)
-	return h, err
+	h, _, _ := c.startHold(ctx, s, g.holdID, g.token, g.waiting, ttl, grantTTL, queuedAt)
+	return h
 }
 
 // tryHoldShallow runs a queued attempt on a short-lived goroutine. A waiter's own goroutine

@@ -2,6 +2,7 @@ package dlock_test
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -195,7 +196,7 @@ func TestGrantWritesTheRecordedHold(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := "G hW1 " + strconv.FormatInt(tok, 10) + " 0 W1"; msg.Payload != want {
+	if want := "G hW1 0 500 " + strconv.FormatInt(tok, 10) + " 0 W1"; msg.Payload != want {
 		t.Fatalf("grant message %q, want %q", msg.Payload, want)
 	}
 	if v := rdb.HGet(ctx, k.lock, "#hW1").Val(); v != "1" {
@@ -258,7 +259,7 @@ func TestReadersGrantedTogetherWithTheirRecordedHolds(t *testing.T) {
 		}
 		got = append(got, msg.Payload)
 	}
-	want := []string{"G hr " + tok + " 1 O", "G hR " + tok + " 1 R"}
+	want := []string{"G hr 0 500 " + tok + " 1 O", "G hR 0 500 " + tok + " 1 R"}
 	if strings.Join(got, "|") != strings.Join(want, "|") {
 		t.Fatalf("grant messages %q, want %q", got, want)
 	}
@@ -278,4 +279,89 @@ func TestReadersGrantedTogetherWithTheirRecordedHolds(t *testing.T) {
 	if h["#m"] != "w" || h["#hw"] != "1" || h["O"] != "1" {
 		t.Fatalf("lock after the writer's grant: %v", h)
 	}
+}
+
+// A waiter leaving the queue gives back the hold a grant wrote for it, and only that hold when
+// its owner id holds the lock elsewhere too.
+func TestLeavingWaiterGivesBackOnlyItsGrantedHold(t *testing.T) {
+	rdb := redistest.Client(t)
+	ctx := ctxT(t)
+	k := names(t)
+	acquireMode(t, rdb, k, "A", "ha", "")
+	acquireMode(t, rdb, k, "O", "h1", "")
+	if n := releaseMode(t, rdb, k, "A", "ha", "", false); n != 3 {
+		t.Fatalf("A's release = %d, want 3", n)
+	}
+	// The same owner id locks again elsewhere (WithOwner): a re-entry on top of the grant.
+	if res := acquireArgs(t, rdb, k, "O", "h2", false, true); res[0] != 1 || res[2] != 2 {
+		t.Fatalf("O's second hold = %v, want count 2", res)
+	}
+	releaseMode(t, rdb, k, "O", "h1", "", true) // the waiter of h1 gives up
+	h := rdb.HGetAll(ctx, k.lock).Val()
+	if h["O"] != "1" || h["#h2"] != "1" || h["#h1"] != "" {
+		t.Fatalf("lock after the waiter of h1 left: %v, want O's other hold h2 alone", h)
+	}
+}
+
+// A pushed grant naming an attempt older than the last one Redis answered may have ended
+// before that answer (expired, passed on, lost in a failover): the waiter does not take it.
+func TestStaleGrantIsNotTaken(t *testing.T) {
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	holderC, rdb := newClient(t)
+	held, err := holderC.Mutex(name).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, _ := newClient(t)
+	got := make(chan lockResult, 1)
+	go func() {
+		l, err := c.Mutex(name).Lock(ctx)
+		got <- lockResult{l, err}
+	}()
+	waitQueueLen(t, rdb, name, 1)
+	record := func() (field, id string, attempt int) {
+		for f, v := range rdb.HGetAll(ctx, lockKey(name)+":log").Val() {
+			if rest, ok := strings.CutPrefix(f, "p:"); ok {
+				p := strings.Fields(v)
+				n, _ := strconv.Atoi(p[1])
+				return rest, p[0], n
+			}
+		}
+		t.Fatal("no pending hold recorded for the waiter")
+		return
+	}
+	owner, id, n := record()
+	if n < 1 {
+		t.Fatalf("recorded attempt %d", n)
+	}
+	stale := fmt.Sprintf("G %s %d 500 12345 0 %s", id, n-1, owner)
+	if err := rdb.Publish(ctx, lockKey(name)+":released", stale).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// Woken, the waiter does not take the grant: it tries again, which records its next attempt.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		if _, _, m := record(); m > n {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the waiter never tried again after a stale grant")
+		}
+	}
+	select {
+	case r := <-got:
+		t.Fatalf("the waiter took a stale grant: lease %v, err %v", r.l != nil, r.err)
+	default:
+	}
+	if err := held.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-got
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if r.l.Token() == 12345 {
+		t.Fatal("the waiter's lease has the stale grant's token")
+	}
+	_ = r.l.Unlock(ctx)
 }

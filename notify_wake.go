@@ -41,10 +41,12 @@ func wakeGranted(cs *channelState, owner string, g *grantMsg) {
 	}
 }
 
-// A grantMsg is a grant that wrote a waiter's recorded hold ("G <holdId> <token> <waiting>
-// <owner>", lib.lua): the waiter holds the lock as of the message.
+// A grantMsg is a grant that wrote a waiter's recorded hold ("G <holdId> <attempt> <grant
+// TTL ms> <token> <waiting> <owner>", lib.lua): the waiter holds the lock as of the message.
 type grantMsg struct {
 	holdID  string
+	attempt uint64        // the waiter's attempt that recorded the hold (holdSpec.attempt)
+	ttl     time.Duration // the TTL the grant gave the lock
 	token   uint64
 	waiting bool // others still wait in the queue behind the readers granted
 }
@@ -52,15 +54,18 @@ type grantMsg struct {
 // parseGrant parses the payload of a "G" message into its grant and owner; ok is false for
 // any other payload.
 func parseGrant(payload string) (g *grantMsg, owner string, ok bool) {
-	f := strings.SplitN(payload, " ", 5)
-	if len(f) != 5 || f[0] != "G" || f[1] == "" || f[4] == "" || (f[3] != "0" && f[3] != "1") {
+	f := strings.SplitN(payload, " ", 7)
+	if len(f) != 7 || f[0] != "G" || f[1] == "" || f[6] == "" || (f[5] != "0" && f[5] != "1") {
 		return nil, "", false
 	}
-	token, err := strconv.ParseUint(f[2], 10, 64)
-	if err != nil {
+	attempt, err1 := strconv.ParseUint(f[2], 10, 64)
+	ttl, err2 := strconv.ParseInt(f[3], 10, 64)
+	token, err3 := strconv.ParseUint(f[4], 10, 64)
+	if err1 != nil || err2 != nil || err3 != nil || ttl <= 0 {
 		return nil, "", false
 	}
-	return &grantMsg{holdID: f[1], token: token, waiting: f[3] == "1"}, f[4], true
+	return &grantMsg{holdID: f[1], attempt: attempt, ttl: time.Duration(ttl) * time.Millisecond,
+		token: token, waiting: f[5] == "1"}, f[6], true
 }
 
 // writerWaits is the owner under which a Client's shared read holds listen on a lock's

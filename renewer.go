@@ -136,21 +136,27 @@ func (r *renewer) popDue() []*hold {
 }
 
 // byNode splits holds by the notifier of their node (one per Redis node; nil when the client
-// type has none, which puts them together).
+// type has none, which puts them together), and granted holds' first renewals (hold.grantTTL)
+// from the others: they have a fraction of a TTL left, so their batch gets a short timeout
+// and retries soon, which the others need not share.
 func byNode(due []*hold) [][]*hold {
 	if len(due) == 0 {
 		return nil
 	}
-	groups := make(map[*notifier][]*hold)
-	var order []*notifier
+	type batchKey struct {
+		n       *notifier
+		granted bool
+	}
+	groups := make(map[batchKey][]*hold)
+	var order []batchKey
 	for _, h := range due {
 		h.mu.Lock()
-		n := h.notif
+		k := batchKey{h.notif, h.grantTTL > 0}
 		h.mu.Unlock()
-		if _, ok := groups[n]; !ok {
-			order = append(order, n)
+		if _, ok := groups[k]; !ok {
+			order = append(order, k)
 		}
-		groups[n] = append(groups[n], h)
+		groups[k] = append(groups[k], h)
 	}
 	out := make([][]*hold, 0, len(order))
 	for _, n := range order {

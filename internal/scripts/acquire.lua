@@ -33,6 +33,8 @@
 --          together. A read-write lock's owner that holds it to read may not take it to write
 --          (DLOCKUPGRADE error: two upgraders would wait for each other forever); one that
 --          holds it to write re-enters it to read.
+-- ARGV[14] the number of this attempt in its wait (lib.lua: a grant names the attempt that
+--          recorded the hold it writes)
 --
 -- Returns {1, token, holdCount, waiting} when the caller holds the lock after the call (fresh,
 -- re-entered, a granted lock now confirmed, or a retry of a call that already succeeded;
@@ -96,7 +98,7 @@ local function queue_up(foreign)
       end
     end
     -- The hold a grant will write for us (lib.lua): this wait's hold id and our TTL.
-    redis.call('HSET', KEYS[3], 'p:' .. me, ARGV[3] .. ' ' .. ARGV[2])
+    redis.call('HSET', KEYS[3], 'p:' .. me, ARGV[3] .. ' ' .. (ARGV[14] or '0') .. ' ' .. ARGV[2])
     redis.call('PEXPIRE', KEYS[3], ARGV[4])
     -- The queue lives while anyone waits in it, and disappears on its own after.
     redis.call('PEXPIRE', KEYS[4], ARGV[11])

@@ -240,19 +240,21 @@ local function drop_reader(k_lock, owner)
 end
 
 -- A waiter's queued attempts record, in the op log, the hold it will hold if granted:
--- p:<queue member> = "<holdId> <ttl ms>" (one hold id for the whole wait; by member, since
--- one owner id may wait to read and to write at once). A grant to such a waiter
--- writes that hold in full (count 1 and its mark), so the waiter holds the lock the moment the
--- grant is published ("G <holdId> <token> <waiting> <owner>") and starts its lease on the
--- message alone, with no confirming round trip. The grant's TTL is the grace (or the waiter's
+-- p:<queue member> = "<holdId> <attempt> <ttl ms>" (one hold id for the whole wait, the
+-- number of the attempt that recorded it; by member, since one owner id may wait to read and
+-- to write at once). A grant to such a waiter writes that hold in full (count 1 and its mark),
+-- so the waiter holds the lock the moment the grant is published ("G <holdId> <attempt>
+-- <grant TTL ms> <token> <waiting> <owner>") and starts its lease on the message alone, with
+-- no confirming round trip, if that attempt is the last one Redis answered it (so the grant
+-- came after it). The grant's TTL is the grace (or the waiter's
 -- own TTL if shorter): a killed waiter still stalls the lock no longer than before, and the
 -- grantee's first renewal, due within the grace, gives the lock its full TTL. A waiter without
 -- a record (a client of an earlier dlock version) is granted as before: "g <owner>", no mark,
 -- and its own acquire confirms the grant.
 
--- pending_hold returns the mark and hold id the waiting queue member who recorded, and the
--- grant's TTL (the grace, or the waiter's TTL if shorter), removing the record; nil, nil and
--- the grace without one.
+-- pending_hold returns the mark the waiting queue member who recorded, the rest of the grant
+-- message for it ("<holdId> <attempt> <grant TTL>") and the grant's TTL (the grace, or the
+-- waiter's TTL if shorter), removing the record; nil, nil and the grace without one.
 local function pending_hold(k_log, who, grace)
   local k = 'p:' .. who
   local p = redis.call('HGET', k_log, k)
@@ -260,19 +262,21 @@ local function pending_hold(k_log, who, grace)
     return nil, nil, grace
   end
   redis.call('HDEL', k_log, k)
-  local id, ttl = p:match('^(%S+) (%d+)$')
+  local id, n, ttl = p:match('^(%S+) (%d+) (%d+)$')
   if not id then
     return nil, nil, grace
   end
-  return '#' .. id, id, math.min(tonumber(grace), tonumber(ttl))
+  ttl = math.min(tonumber(grace), tonumber(ttl))
+  return '#' .. id, id .. ' ' .. n .. ' ' .. string.format('%d', ttl), ttl
 end
 
--- grant_msg is the message announcing a grant to owner: "G ..." with the hold written for it,
--- "g <owner>" for a grant it confirms itself. waiting is 1 when someone still waits in the
--- queue behind the readers granted (their Client then lets no new local reader share the hold).
-local function grant_msg(owner, id, t, waiting)
-  if id then
-    return 'G ' .. id .. ' ' .. t .. ' ' .. waiting .. ' ' .. owner
+-- grant_msg is the message announcing a grant to owner: "G ..." with the hold written for it
+-- (rec from pending_hold), "g <owner>" for a grant it confirms itself. waiting is 1 when
+-- someone still waits in the queue behind the readers granted (their Client then lets no new
+-- local reader share the hold).
+local function grant_msg(owner, rec, t, waiting)
+  if rec then
+    return 'G ' .. rec .. ' ' .. t .. ' ' .. waiting .. ' ' .. owner
   end
   return 'g ' .. owner
 end
@@ -280,7 +284,7 @@ end
 -- admit_readers grants a lock in read mode to the readers first in its queue, up to the first
 -- writer: no reader waits behind readers. Each is written with its recorded hold (see above)
 -- or, without one, gets the grace TTL to confirm and a grant record with the phase's token t.
--- Their messages go to msgs, after those of granted ({owner, hold id} pairs: the readers the
+-- Their messages go to msgs, after those of granted ({owner, record} pairs: the readers the
 -- caller granted already).
 local function admit_readers(k_lock, k_log, k_queue, k_live, t, grace, log_ttl, msgs, granted)
   granted = granted or {}
@@ -292,13 +296,13 @@ local function admit_readers(k_lock, k_log, k_queue, k_live, t, grace, log_ttl, 
     end
     local owner = head:sub(3)
     leave_queue(k_queue, k_live, head)
-    local mark, id, ttl = pending_hold(k_log, head, grace)
+    local mark, rec, ttl = pending_hold(k_log, head, grace)
     if not mark then
       redis.call('HSET', k_log, 'g:' .. owner, t)
       redis.call('PEXPIRE', k_log, log_ttl)
     end
     add_reader(k_lock, owner, mark, ttl)
-    granted[#granted + 1] = {owner, id}
+    granted[#granted + 1] = {owner, rec}
   end
   local waiting = head and 1 or 0
   for _, g in ipairs(granted) do
@@ -316,16 +320,16 @@ local function grant(k_lock, k_fence, k_log, k_queue, k_live, head, grace, log_t
   local mode, owner = split_member(head)
   local token = reserve_block(k_fence)
   local t = string.format('%d', token)
-  local mark, id, ttl = pending_hold(k_log, head, grace)
+  local mark, rec, ttl = pending_hold(k_log, head, grace)
   if not mark then
     redis.call('HSET', k_log, 'g:' .. owner, t)
     redis.call('PEXPIRE', k_log, log_ttl)
   end
   hold_lock(k_lock, owner, mark, token, ttl, mode)
   if mode == 'r' then
-    admit_readers(k_lock, k_log, k_queue, k_live, t, grace, log_ttl, msgs, {{owner, id}})
+    admit_readers(k_lock, k_log, k_queue, k_live, t, grace, log_ttl, msgs, {{owner, rec}})
   else
-    msgs[#msgs + 1] = grant_msg(owner, id, t, 0)
+    msgs[#msgs + 1] = grant_msg(owner, rec, t, 0)
   end
   return token
 end

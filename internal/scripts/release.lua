@@ -88,10 +88,17 @@ if ARGV[8] == '1' then
   leave_queue(KEYS[4], KEYS[5], member(mode, owner))
   redis.call('HDEL', KEYS[2], 'p:' .. member(mode, owner))
   if ARGV[2] ~= '' then
-    -- A grant wrote the hold this wait recorded (lib.lua): the waiter never used it.
-    local g = lock_fields(KEYS[1], mark, '#m')
+    -- A grant wrote the hold this wait recorded (lib.lua), or the wait's attempt took it
+    -- with its reply lost: the waiter never used it. Its owner may hold the lock more than
+    -- once (one WithOwner id in several places): then only this hold goes.
+    local g = lock_fields(KEYS[1], mark, owner, '#m')
     if g and g[1] then
-      return let_go(g[2] == 'r', mark)
+      if g[2] ~= '1' then
+        redis.call('HDEL', KEYS[1], mark)
+        redis.call('HINCRBY', KEYS[1], owner, -1)
+        return 1
+      end
+      return let_go(g[3] == 'r', mark)
     end
   end
   -- A lock granted to us and not yet confirmed is ours to pass on: the grant record names
