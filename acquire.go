@@ -251,9 +251,11 @@ const (
 //
 // Its queued attempts all send one hold id, recorded in Redis with its place, and a release
 // that grants it the lock writes that hold for it: the pushed grant starts the hold with no
-// further round trip (startGranted). The id stays the wait's to the end: an attempt whose
-// reply was lost (or came too late), or a grant not taken up, leaves the hold to the wait's
-// next attempt, which finds it, or to leaving the queue, which releases it.
+// further round trip (startGranted): if the grant names the wait's attempt Redis answered
+// last. An attempt with no usable reply (lost, or too late) is undone by leaving the queue
+// under its id in the background, and the wait goes on with a new id; a grant not taken up is
+// left to the wait's next attempt, which finds the hold, or to leaving the queue, which
+// releases it.
 func (c *Client) waitHold(ctx context.Context, s holdSpec, contended bool) (*hold, error) {
 	// The wait holds a slot of the Client's background work until it has left the queue, so
 	// Close, which ends the wait at once, waits for the leaving (bounded) before it returns.
@@ -313,7 +315,21 @@ func (c *Client) waitHold(ctx context.Context, s holdSpec, contended bool) (*hol
 		s.attempt++
 		before := c.now()
 		h, wait, err := c.tryHoldShallow(ctx, s)
-		if h == nil && errors.Is(err, ErrNotObtained) && !errors.Is(err, errLateReply) && !errors.Is(err, errLostAtOnce) {
+		switch {
+		case (errors.Is(err, ErrUnavailable) && !isRedisReply(err)) || errors.Is(err, errLateReply) || errors.Is(err, errLostAtOnce):
+			// The attempt may have taken the lock, or queued, under s.holdID with no usable
+			// reply: leave the queue under that id in the background, which releases such a
+			// hold (and a grant of it) and its record, and go on with a new id, so replies
+			// that keep getting lost or late never keep the lock.
+			// (A wait that ends now leaves under the id itself.)
+			if ctx.Err() == nil && c.goBackground() {
+				go func(s holdSpec) {
+					defer c.wg.Done()
+					c.leaveQueueNow(s)
+				}(s)
+				s.holdID = c.nextHoldID()
+			}
+		case h == nil && errors.Is(err, ErrNotObtained):
 			queuedAt, answered = before, s.attempt
 		}
 		switch {

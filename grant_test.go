@@ -136,16 +136,18 @@ func TestGrantedLeaseGetsItsFullTTLFromItsFirstRenewal(t *testing.T) {
 	c, rdb := newClient(t)
 	name := redistest.Name(t)
 	l := grantTo(t, c.Mutex(name, dlock.WithTTL(ttl)))
+	if rem := l.Remaining(); rem > 500*time.Millisecond {
+		t.Fatalf("granted lease's Remaining %v before its first renewal, want at most the grant's 500ms", rem)
+	}
 	deadline := time.Now().Add(2 * time.Second)
-	for rdb.PTTL(ctxT(t), lockKey(name)).Val() < time.Second {
+	for l.Remaining() < time.Second { // the renewal's reply has come back
 		if time.Now().After(deadline) {
-			t.Fatalf("granted lock's PTTL still %v after 2s: the first renewal never came",
-				rdb.PTTL(ctxT(t), lockKey(name)).Val())
+			t.Fatalf("granted lease's Remaining still %v after 2s: the first renewal never came", l.Remaining())
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	if rem := l.Remaining(); rem < time.Second {
-		t.Fatalf("granted lease's Remaining %v after its first renewal, want about %v", rem, ttl)
+	if pttl := rdb.PTTL(ctxT(t), lockKey(name)).Val(); pttl < time.Second {
+		t.Fatalf("granted lock's PTTL %v after the lease's first renewal, want about %v", pttl, ttl)
 	}
 	select {
 	case <-l.Done():
@@ -364,4 +366,31 @@ func TestStaleGrantIsNotTaken(t *testing.T) {
 		t.Fatal("the waiter's lease has the stale grant's token")
 	}
 	_ = r.l.Unlock(ctx)
+}
+
+// Two waits of one WithOwner id: when one's recorded hold is admitted by a script that the
+// other runs, the other's hold counts as one more (found by review: two holds on a count of
+// one let a writer in while a reader still held).
+func TestReadersOfOneOwnerIdAreCountedApart(t *testing.T) {
+	rdb := redistest.Client(t)
+	ctx := ctxT(t)
+	k := names(t)
+	acquireMode(t, rdb, k, "W", "hw", "w")
+	acquireMode(t, rdb, k, "E", "he", "r") // ahead of O (same-ms ties go by name)
+	acquireMode(t, rdb, k, "O", "ha", "r") // O's first wait records ha
+	rdb.Del(ctx, k.lock)                   // the writer's hold ran out: free, nobody granted yet
+	// O's other caller (TryRLock): its script grants E, which admits O's recorded hold ha.
+	res, err := scripts.Acquire.Run(ctx, rdb, []string{k.lock, k.fence, k.log, k.queue, k.live},
+		"O", 30000, "hb", 60000, false, 750, k.channel, 500, "PUBLISH", true, 60000, 0, "r").Int64Slice()
+	if err != nil || res[0] != 1 {
+		t.Fatalf("O's second reader = %v, %v; want held", res, err)
+	}
+	if h := rdb.HGetAll(ctx, k.lock).Val(); h["O"] != "2" || h["#ha"] != "O" || h["#hb"] != "O" {
+		t.Fatalf("lock after O's two holds: %v, want O counted twice", h)
+	}
+	releaseMode(t, rdb, k, "O", "hb", "r", false)
+	releaseMode(t, rdb, k, "E", "he", "r", false)
+	if h := rdb.HGetAll(ctx, k.lock).Val(); h["#m"] != "r" || h["O"] != "1" || h["#ha"] != "O" {
+		t.Fatalf("lock after O's second hold and E left: %v, want O still reading with ha", h)
+	}
 }

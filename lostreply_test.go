@@ -109,3 +109,42 @@ func TestAcquireWithLostReplyIsUndone(t *testing.T) {
 	}
 	_ = l.Unlock(ctx)
 }
+
+// A waiter whose replies keep getting lost never keeps the lock: each attempt without a reply
+// is undone (found by review: a wait that kept its hold id refreshed it forever).
+func TestWaiterWithLostRepliesNeverKeepsTheLock(t *testing.T) {
+	ctx := ctxT(t)
+	raw := redistest.Client(t)
+	scripts.Acquire.Load(ctx, raw)
+	name := redistest.Name(t)
+	holderC := dlock.New(raw, dlock.WithoutCohort())
+	defer holderC.Close(ctx)
+	held, err := holderC.Mutex(name).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, _ := clientDropping(t, scripts.Acquire.Hash(), 1<<30) // every acquire's reply is lost
+	wctx, stopWaiter := context.WithCancel(ctx)
+	defer stopWaiter()
+	waiterDone := make(chan struct{})
+	go func() {
+		defer close(waiterDone)
+		if l, err := c.Mutex(name).Lock(wctx); err == nil {
+			t.Error("a waiter that never got a reply got a lease")
+			_ = l.Unlock(ctx)
+		}
+	}()
+	waitQueueLen(t, raw, name, 1)
+	if err := held.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	octx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	l, err := holderC.Mutex(name).Lock(octx)
+	if err != nil {
+		t.Fatalf("another owner's Lock while a waiter's replies get lost: %v", err)
+	}
+	_ = l.Unlock(ctx)
+	stopWaiter()
+	<-waiterDone
+}

@@ -136,13 +136,16 @@ local function take_free()
   if mode == 'r' and head:sub(1, 2) == 'r:' then
     local c = redis.call('HMGET', KEYS[1], owner, mark)
     if c[1] == '0' then
-      -- We were queued among the readers admitted: confirm our own grant now.
+      -- We were queued among the readers admitted: confirm our own grant now (add_reader
+      -- counts our hold; our own deadline replaces the grace).
       redis.call('HDEL', KEYS[3], 'g:' .. owner)
-      redis.call('HSET', KEYS[1], owner, 1, '#e:' .. owner, 0) -- our own deadline replaces the grace
+      redis.call('HSET', KEYS[1], '#e:' .. owner, 0)
       return join(token)
     end
-    if c[2] then
-      return join(token) -- admitted with the hold we recorded: it gets our TTL
+    if c[2] or (c[1] and ARGV[10] == '1') then
+      -- Admitted with the hold we recorded (it gets our TTL), or our owner id was, for another
+      -- of its waits: this call is one more hold of it, as a re-entry.
+      return join(token)
     end
     if first_waiter(KEYS[4], KEYS[5]) == nil then
       return join(token)
@@ -184,8 +187,8 @@ if f[6] == 'r' and f[1] == '0' then
   local granted = redis.call('HGET', KEYS[3], 'g:' .. owner)
   redis.call('HDEL', KEYS[3], 'g:' .. owner)
   if granted == f[3] then
-    redis.call('HSET', KEYS[1], owner, 1, '#e:' .. owner, 0) -- our own deadline replaces the grace
-    add_reader(KEYS[1], owner, mark, ARGV[2])
+    redis.call('HSET', KEYS[1], '#e:' .. owner, 0) -- our own deadline replaces the grace
+    add_reader(KEYS[1], owner, mark, ARGV[2]) -- counts our hold: 1
     return holds(tonumber(f[3]), 1)
   end
   if drop_reader(KEYS[1], owner) == 0 then
@@ -229,10 +232,11 @@ if f[1] then
     end
     f[1] = nil -- the other readers still hold it: as a caller that holds nothing
   else
-    count = redis.call('HINCRBY', KEYS[1], owner, 1)
     if f[6] == 'r' then
-      add_reader(KEYS[1], owner, mark, ARGV[2])
+      add_reader(KEYS[1], owner, mark, ARGV[2]) -- counts the new hold
+      count = tonumber(redis.call('HGET', KEYS[1], owner))
     else
+      count = redis.call('HINCRBY', KEYS[1], owner, 1)
       redis.call('HSET', KEYS[1], mark, 1)
       redis.call('PEXPIRE', KEYS[1], ARGV[2], 'GT')
     end

@@ -155,17 +155,20 @@ end
 -- passed "#x", about once per lease TTL, not on every call.
 
 -- add_reader adds owner as a reader of a lock in read mode (count 1, or 0 without a mark: a
--- grant), or renews its deadline: the later of the one it has and now + ttl. The key's TTL
--- only grows.
+-- grant to confirm), counts a hold (mark) it does not have yet for an owner that reads
+-- already (one WithOwner id in several places), and renews its deadline: the later of the
+-- one it has and now + ttl. The key's TTL only grows.
 local function add_reader(k_lock, owner, mark, ttl)
   local e = '#e:' .. owner
   local had = redis.call('HGET', k_lock, e)
   if not had then
     redis.call('HINCRBY', k_lock, '#r', 1)
     redis.call('HSET', k_lock, owner, mark and 1 or 0)
-  end
-  if mark then
-    redis.call('HSET', k_lock, mark, owner)
+    if mark then
+      redis.call('HSET', k_lock, mark, owner)
+    end
+  elseif mark and redis.call('HSETNX', k_lock, mark, owner) == 1 then
+    redis.call('HINCRBY', k_lock, owner, 1)
   end
   local d = math.max(tonumber(had or '0'), now_ms() + tonumber(ttl))
   local x = tonumber(redis.call('HGET', k_lock, '#x') or '0')
