@@ -44,14 +44,17 @@
 //
 // Waiting is fair: goroutines of one Client queue locally and are handed the lock without a
 // Redis round trip in bounded batches (cohorting); processes wait in a FIFO kept in Redis,
-// where a release hands the lock to the next live waiter and wakes only it.
+// where a release hands the lock to the next live waiter, writing the hold that waiter
+// recorded, and wakes only it: the waiter's lease starts on the pushed message.
 //
 // While held, the Client's renewer extends every lease at TTL/4 (default TTL 30s). A lease is
 // lost when its key is deleted, expires or is taken, which Redis pushes to the Client through
 // client-side-caching invalidations (no server configuration needed), or when no renewal
 // succeeded by the lease's safe deadline: send time of the acquire, of an Extend, or of the
 // renewal before the latest one (a failover can lose the latest) + TTL × (1 − drift), on the
-// monotonic clock. Then Done closes and Err wraps ErrLeaseLost.
+// monotonic clock (for a lease a release granted: send time of the waiter's last attempt Redis
+// answered before the grant + the grant's 500 ms TTL, until its first renewal, due within it).
+// Then Done closes and Err wraps ErrLeaseLost.
 //
 // # Safety model
 //
