@@ -376,7 +376,8 @@ func heldAtForce(acquires, forces []op, releaseCall map[leaseID]int64) [][]op {
 
 // doubleGrants counts acquires B granted while another client's lease A certainly still
 // held the lock in Redis (but a read lease B while A was a read lease too). A's hold certainly exists over [A's return, E_A), where E_A is the
-// later of its acquire call + TTL × (1 − drift) and the end of the window its holder last
+// later of its acquire call + certainLease (TTL, or the grant's TTL if shorter, × (1 − drift))
+// and the end of the window its holder last
 // read (renewals included), cut at the call of a release of A that succeeded or may have
 // (unknown outcome). B is a double grant if its own such interval meets A's, or if its
 // grant instant, somewhere in [B's call, B's return], certainly falls in A's interval. A
@@ -398,7 +399,7 @@ func doubleGrantPairs(acquires, ops []op, ttl time.Duration, cut func(op, int64)
 			released[leaseID{o.holder(), o.Acq}] = o.Call
 		}
 	}
-	lease := safeLease(ttl)
+	lease := certainLease(ttl)
 	held := func(a op) int64 { // end of the interval A certainly holds
 		end := a.Until
 		if !a.Cohort {

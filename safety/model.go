@@ -58,7 +58,7 @@ type mutexInput struct {
 }
 
 func mutexModel(ttl time.Duration) porcupine.Model {
-	lease := safeLease(ttl)
+	lease := certainLease(ttl)
 	step := func(st, in, _ interface{}) []interface{} {
 		s, o := st.(mutexState), in.(mutexInput)
 		switch o.kind {
@@ -67,8 +67,8 @@ func mutexModel(ttl time.Duration) porcupine.Model {
 				return nil
 			}
 			// The lease cannot expire in Redis before the holder's own last-known deadline
-			// (renewals included), nor before its acquire call + TTL × (1 − drift) (unless
-			// handed over locally).
+			// (renewals included), nor before its acquire call + TTL × (1 − drift), or the
+			// grant's TTL if shorter (unless handed over locally; see certainLease).
 			exp := o.until
 			if !o.cohort {
 				exp = max(o.call+lease, o.until)

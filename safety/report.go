@@ -66,7 +66,7 @@ func writeReport(dir string, results []result, info runInfo) error {
 	p("after one with a higher token, so fencing protects the resource beyond the windows. Counted for each scenario:\n\n")
 	p("- **leases lost** (not a violation): leases that ended (Done) before their holder released them;\n")
 	p("- **overlaps**: two clients' validity windows on one lock overlapping;\n")
-	p("- **double grants**: a grant while another client's lease certainly still held the lock in Redis (from its acquire's return until the later of its acquire call + TTL × (1 − drift) and the end of the window its holder last read, cut at a release that succeeded or may have);\n")
+	p("- **double grants**: a grant while another client's lease certainly still held the lock in Redis (from its acquire's return until the later of its acquire call + TTL × (1 − drift) (the TTL, or a release's grant's 500ms TTL if shorter: a lease a release granted holds the lock with that until its first renewal) and the end of the window its holder last read, cut at a release that succeeded or may have);\n")
 	p("- **token regressions**: an acquire whose fencing token is not above the token of an acquire that returned before it was called (a read lease: not above every earlier write lease's, or below an earlier read lease's, since the readers of one read phase share a token);\n")
 	p("- **stale accepted**: the fenced register accepting a write after a higher token's write had returned (seen by a later write or read);\n")
 	p("- **lost updates**: successful read-modify-write increments minus the final counters (lock-set workload; a lower bound when increments had unknown outcomes);\n")

@@ -23,6 +23,16 @@ const drift = 0.01
 // the model measure "could have expired" with it.
 func safeLease(ttl time.Duration) int64 { return int64(float64(ttl) * (1 - drift)) }
 
+// grantGrace is the TTL a release gives a lock it grants to a waiter, which holds it with
+// that TTL until the lease's first renewal (dlock's safety model).
+const grantGrace = 500 * time.Millisecond
+
+// certainLease is how long after its acquire call a lease certainly holds its lock in Redis
+// whatever its holder does: the validity window of the TTL, or of the grant's TTL if shorter
+// (a granted lease, whose first renewal its holder may not live to send). Beyond that only
+// the end of the window its holder last read counts.
+func certainLease(ttl time.Duration) int64 { return safeLease(min(ttl, grantGrace)) }
+
 // A scenario is one workload under one fault.
 type scenario struct {
 	Name     string `json:"name"`
