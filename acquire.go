@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -110,10 +111,17 @@ type holdSpec struct {
 	access    access
 	observer  waitObserver // nil, or told what a wait on behalf of others hears (waitHold)
 	// holdID is the hold a wait's queued attempts send, the one a grant writes for it
-	// (waitHold); "" gives each call a fresh one. attempt numbers the wait's attempts.
+	// (waitHold); "" gives each call a fresh one. attempt numbers the wait's attempts. undo
+	// lists the hold ids of its attempts that got no usable reply, whose holds (taken or
+	// granted, never used) its next attempt or its leaving drops.
 	holdID  string
 	attempt uint64
+	undo    []string
 }
+
+// maxUndo bounds holdSpec.undo: each attempt that runs drops them all, so only a run of
+// attempts none of which ran can need more (their holds then expire with their TTL).
+const maxUndo = 8
 
 // A waitObserver hears what a wait on behalf of others (the readers of a Client waiting
 // together, readshare.go) must pass on to them.
@@ -149,7 +157,8 @@ func (c *Client) tryHold(ctx context.Context, s holdSpec, queue bool) (*hold, ti
 	res, err := scripts.Acquire.Run(ctx, c.rdb, []string{k.lock, k.fence, k.opLog, k.queue, k.live},
 		s.owner, ttl.Milliseconds(), holdID, opLogTTL.Milliseconds(), queue,
 		livenessWindow.Milliseconds(), k.channel, grantGrace.Milliseconds(), c.publishCmd,
-		s.reentrant, queueTTL.Milliseconds(), barge.Milliseconds(), string(s.access), s.attempt).Int64Slice()
+		s.reentrant, queueTTL.Milliseconds(), barge.Milliseconds(), string(s.access), s.attempt,
+		strings.Join(s.undo, " ")).Int64Slice()
 	if err != nil {
 		if classify(err) == replyUnavailable {
 			c.topologyMayHaveChanged(ctx) // the next attempt, the caller's or ours, may go elsewhere
@@ -252,10 +261,10 @@ const (
 // Its queued attempts all send one hold id, recorded in Redis with its place, and a release
 // that grants it the lock writes that hold for it: the pushed grant starts the hold with no
 // further round trip (startGranted): if the grant names the wait's attempt Redis answered
-// last. An attempt with no usable reply (lost, or too late) is undone by leaving the queue
-// under its id in the background, and the wait goes on with a new id; a grant not taken up is
-// left to the wait's next attempt, which finds the hold, or to leaving the queue, which
-// releases it.
+// last. After an attempt with no usable reply (lost, or too late) the wait goes on with a new
+// id, and its next attempt (or its leaving the queue) drops what the old one holds (undo);
+// a grant not taken up is left to the wait's next attempt, which finds the hold, or to
+// leaving the queue, which releases it.
 func (c *Client) waitHold(ctx context.Context, s holdSpec, contended bool) (*hold, error) {
 	// The wait holds a slot of the Client's background work until it has left the queue, so
 	// Close, which ends the wait at once, waits for the leaving (bounded) before it returns.
@@ -316,21 +325,21 @@ func (c *Client) waitHold(ctx context.Context, s holdSpec, contended bool) (*hol
 		before := c.now()
 		h, wait, err := c.tryHoldShallow(ctx, s)
 		switch {
-		case (errors.Is(err, ErrUnavailable) && !isRedisReply(err)) || errors.Is(err, errLateReply) || errors.Is(err, errLostAtOnce):
-			// The attempt may have taken the lock, or queued, under s.holdID with no usable
-			// reply: leave the queue under that id in the background, which releases such a
-			// hold (and a grant of it) and its record, and go on with a new id, so replies
-			// that keep getting lost or late never keep the lock.
-			// (A wait that ends now leaves under the id itself.)
-			if ctx.Err() == nil && c.goBackground() {
-				go func(s holdSpec) {
-					defer c.wg.Done()
-					c.leaveQueueNow(s)
-				}(s)
-				s.holdID = c.nextHoldID()
+		case errors.Is(err, ErrUnavailable) && !isRedisReply(err):
+			// The attempt may have run, taking the lock or a grant under s.holdID, with its
+			// reply lost: go on under a new id, and have the next attempt (or leaving) drop
+			// what the old one holds, so replies that keep getting lost never keep the lock.
+			s.undo = append(s.undo, s.holdID)
+			if len(s.undo) > maxUndo {
+				s.undo = s.undo[len(s.undo)-maxUndo:]
 			}
-		case h == nil && errors.Is(err, ErrNotObtained):
-			queuedAt, answered = before, s.attempt
+			s.holdID = c.nextHoldID()
+		case errors.Is(err, errLateReply) || errors.Is(err, errLostAtOnce):
+			// It ran (dropping the undo list) and took a hold too late to use: the same.
+			s.undo, s.holdID = []string{s.holdID}, c.nextHoldID()
+		case h == nil && errors.Is(err, ErrNotObtained) && ctx.Err() == nil:
+			// Redis answered: the attempt ran, dropping what the undo list held.
+			s.undo, queuedAt, answered = nil, before, s.attempt
 		}
 		switch {
 		case h != nil:
@@ -486,7 +495,11 @@ func (c *Client) topologyMayHaveChanged(ctx context.Context) {
 func (c *Client) leaveQueueNow(s holdSpec) {
 	ctx, cancel := context.WithTimeout(c.cleanup, leaveTimeout)
 	defer cancel()
-	_, _ = runRelease(ctx, c, s.keys, s.owner, s.holdID, s.access, releaseLeavingQueue)
+	_, _ = scripts.Release.Run(ctx, c.rdb,
+		[]string{s.keys.lock, s.keys.opLog, s.keys.fence, s.keys.queue, s.keys.live},
+		s.owner, s.holdID, opLogTTL.Milliseconds(), s.keys.channel, false,
+		grantGrace.Milliseconds(), c.publishCmd, true, bargeWindow.Milliseconds(), string(s.access),
+		strings.Join(s.undo, " ")).Result()
 }
 
 // abandon undoes, in the background, an acquire whose reply was lost, if Redis applied it.

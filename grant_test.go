@@ -394,3 +394,35 @@ func TestReadersOfOneOwnerIdAreCountedApart(t *testing.T) {
 		t.Fatalf("lock after O's second hold and E left: %v, want O still reading with ha", h)
 	}
 }
+
+// A waiter leaving the queue also drops the holds of its earlier hold ids (attempts that got
+// no usable reply), and an attempt sent with them drops them first.
+func TestUndoneHoldIdsAreDropped(t *testing.T) {
+	rdb := redistest.Client(t)
+	ctx := ctxT(t)
+	k := names(t)
+	acquireMode(t, rdb, k, "A", "ha", "")
+	acquireMode(t, rdb, k, "W", "h1", "")
+	if n := releaseMode(t, rdb, k, "A", "ha", "", false); n != 3 {
+		t.Fatalf("A's release = %d, want 3", n)
+	}
+	// W never heard of its grant of h1 (its attempt's reply was lost) and leaves under h2.
+	_, err := scripts.Release.Run(ctx, rdb, []string{k.lock, k.log, k.fence, k.queue, k.live},
+		"W", "h2", 60000, k.channel, false, 500, "PUBLISH", true, 0, "", "h1").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rdb.Exists(ctx, k.lock).Val() != 0 {
+		t.Fatalf("lock after W left with h1 to undo: %v", rdb.HGetAll(ctx, k.lock).Val())
+	}
+	// W's attempt under h3 finds its own hold h2 (taken with a lost reply) and drops it first.
+	acquireMode(t, rdb, k, "W", "h2", "")
+	res, err := scripts.Acquire.Run(ctx, rdb, []string{k.lock, k.fence, k.log, k.queue, k.live},
+		"W", 30000, "h3", 60000, true, 750, k.channel, 500, "PUBLISH", true, 60000, 0, "", 2, "h2").Int64Slice()
+	if err != nil || res[0] != 1 || res[2] != 1 {
+		t.Fatalf("W's attempt under h3 undoing h2 = %v, %v; want held with count 1", res, err)
+	}
+	if h := rdb.HGetAll(ctx, k.lock).Val(); h["#h2"] != "" || h["#h3"] != "1" || h["W"] != "1" {
+		t.Fatalf("lock after W's attempt under h3: %v", h)
+	}
+}

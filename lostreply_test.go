@@ -148,3 +148,27 @@ func TestWaiterWithLostRepliesNeverKeepsTheLock(t *testing.T) {
 	stopWaiter()
 	<-waiterDone
 }
+
+// A WithOwner Lock whose first attempt took the free lock with its reply lost: the next
+// attempt drops that hold before it takes the lock, so Unlock leaves nothing behind (found by
+// review: a hold left under the lost attempt's id was re-entered and outlived the lease).
+func TestLostAttemptsHoldIsDroppedByTheNext(t *testing.T) {
+	ctx := ctxT(t)
+	raw := redistest.Client(t)
+	scripts.Acquire.Load(ctx, raw)
+	c, _ := clientDropping(t, scripts.Acquire.Hash(), 1)
+	name := redistest.Name(t)
+	l, err := c.Mutex(name, dlock.WithOwner("job-"+name)).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := raw.HGet(ctx, lockKey(name), "job-"+name).Int(); n != 1 {
+		t.Fatalf("owner's count while holding = %d, want 1: %v", n, raw.HGetAll(ctx, lockKey(name)).Val())
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if raw.Exists(ctx, lockKey(name)).Val() != 0 {
+		t.Fatalf("lock left after the only lease's Unlock: %v", raw.HGetAll(ctx, lockKey(name)).Val())
+	}
+}

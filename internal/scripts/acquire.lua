@@ -35,6 +35,8 @@
 --          holds it to write re-enters it to read.
 -- ARGV[14] the number of this attempt in its wait (lib.lua: a grant names the attempt that
 --          recorded the hold it writes)
+-- ARGV[15] hold ids of the wait's earlier attempts that got no usable reply (space-separated):
+--          holds under them, taken or granted and never used, are dropped first
 --
 -- Returns {1, token, holdCount, waiting} when the caller holds the lock after the call (fresh,
 -- re-entered, a granted lock now confirmed, or a retry of a call that already succeeded;
@@ -152,6 +154,11 @@ local function take_free()
     end
   end
   return queue_up(0)
+end
+
+local _, freed = drop_holds(KEYS[1], owner, ARGV[15])
+if freed then
+  redis.call('DEL', KEYS[1]) -- it goes to the first waiter, or to us, below
 end
 
 if redis.call('EXISTS', KEYS[1]) == 0 then

@@ -359,3 +359,37 @@ local function lock_fields(k_lock, ...)
   end
   return f, true
 end
+
+-- drop_hold takes the hold mark of owner out of the lock, if there: a hold a waiter took, or
+-- was granted, under a hold id it gave up (the attempt got no usable reply) and never used.
+-- It returns nil when the lock has no such hold, 1 when the lock is still held (the owner's
+-- other holds, other readers), 0 when that was its last hold: the caller frees the lock.
+local function drop_hold(k_lock, owner, mark)
+  local g = lock_fields(k_lock, mark, owner, '#m')
+  if not g or not g[1] then
+    return nil
+  end
+  if g[2] ~= '1' then
+    redis.call('HDEL', k_lock, mark)
+    redis.call('HINCRBY', k_lock, owner, -1)
+    return 1
+  end
+  if g[3] == 'r' and remove_reader(k_lock, owner, mark) > 0 then
+    return 1
+  end
+  return 0
+end
+
+-- drop_holds drops (drop_hold) the holds of owner named by ids, a space-separated list of hold
+-- ids, and reports whether any was found and whether the lock is now free of holds.
+local function drop_holds(k_lock, owner, ids)
+  local found, free = false, false
+  for id in string.gmatch(ids or '', '%S+') do
+    local r = drop_hold(k_lock, owner, '#' .. id)
+    if r ~= nil then
+      found = true
+      free = free or r == 0
+    end
+  end
+  return found, free
+end

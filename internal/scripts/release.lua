@@ -21,6 +21,8 @@
 --         but woken ("w <owner>") to compete for it with callers outside the queue
 -- ARGV[10] mode: "" for a mutex, "r" or "w" for a read-write lock (see lib.lua); a reader's
 --         release frees the lock only when it was the last reader
+-- ARGV[11] for a waiter giving up: hold ids of its wait's attempts that got no usable reply,
+--         whose holds go too
 --
 -- Returns 3 when the lock was handed to a waiter ("g"/"G" published, lib.lua), 2 when it was
 -- freed ("w <owner>" published when a waiter is first in line), 1 when one of several holds
@@ -87,19 +89,14 @@ end
 if ARGV[8] == '1' then
   leave_queue(KEYS[4], KEYS[5], member(mode, owner))
   redis.call('HDEL', KEYS[2], 'p:' .. member(mode, owner))
-  if ARGV[2] ~= '' then
-    -- A grant wrote the hold this wait recorded (lib.lua), or the wait's attempt took it
-    -- with its reply lost: the waiter never used it. Its owner may hold the lock more than
-    -- once (one WithOwner id in several places): then only this hold goes.
-    local g = lock_fields(KEYS[1], mark, owner, '#m')
-    if g and g[1] then
-      if g[2] ~= '1' then
-        redis.call('HDEL', KEYS[1], mark)
-        redis.call('HINCRBY', KEYS[1], owner, -1)
-        return 1
-      end
-      return let_go(g[3] == 'r', mark)
-    end
+  -- A grant wrote the hold this wait recorded (lib.lua), or the wait's attempt took it
+  -- with its reply lost: the waiter never used it. Its owner may hold the lock more than
+  -- once (one WithOwner id in several places): then only this hold goes.
+  local found, free = drop_holds(KEYS[1], owner, ARGV[2] .. ' ' .. (ARGV[11] or ''))
+  if free then
+    return hand_on()
+  elseif found then
+    return 1
   end
   -- A lock granted to us and not yet confirmed is ours to pass on: the grant record names
   -- the lock's current token only while that grant stands (confirming it deletes the record).
