@@ -120,8 +120,11 @@ type holdSpec struct {
 }
 
 // maxUndo bounds holdSpec.undo: each attempt that runs drops them all, so only a run of
-// attempts none of which ran can need more (their holds then expire with their TTL).
-const maxUndo = 8
+// attempts none of which ran can need more. The first id of a run is kept (in an outage the
+// attempt in flight when it began is the likeliest to have run; the later ones fail fast);
+// a hold under an id dropped from the list expires with its TTL, unless a WithOwner co-owner
+// re-enters it first.
+const maxUndo = 16
 
 // A waitObserver hears what a wait on behalf of others (the readers of a Client waiting
 // together, readshare.go) must pass on to them.
@@ -331,7 +334,7 @@ func (c *Client) waitHold(ctx context.Context, s holdSpec, contended bool) (*hol
 			// what the old one holds, so replies that keep getting lost never keep the lock.
 			s.undo = append(s.undo, s.holdID)
 			if len(s.undo) > maxUndo {
-				s.undo = s.undo[len(s.undo)-maxUndo:]
+				s.undo = append(s.undo[:1], s.undo[len(s.undo)-maxUndo+1:]...)
 			}
 			s.holdID = c.nextHoldID()
 		case errors.Is(err, errLateReply) || errors.Is(err, errLostAtOnce):
@@ -365,6 +368,10 @@ func (c *Client) waitHold(ctx context.Context, s holdSpec, contended bool) (*hol
 			}
 			failing, backoff = nil, 0
 		default:
+			if !isRedisReply(err) {
+				// Cut short with no reply (the ctx ended, the Client closed): it may yet run.
+				s.undo = append(s.undo, s.holdID)
+			}
 			leave() // it may have joined the queue: a grant must not wait for it
 			if ctx.Err() != nil && (failing != nil || errors.Is(err, ErrNotObtained)) {
 				// The ctx ended during the attempt: say so, as the documented contract has it.
@@ -495,11 +502,7 @@ func (c *Client) topologyMayHaveChanged(ctx context.Context) {
 func (c *Client) leaveQueueNow(s holdSpec) {
 	ctx, cancel := context.WithTimeout(c.cleanup, leaveTimeout)
 	defer cancel()
-	_, _ = scripts.Release.Run(ctx, c.rdb,
-		[]string{s.keys.lock, s.keys.opLog, s.keys.fence, s.keys.queue, s.keys.live},
-		s.owner, s.holdID, opLogTTL.Milliseconds(), s.keys.channel, false,
-		grantGrace.Milliseconds(), c.publishCmd, true, bargeWindow.Milliseconds(), string(s.access),
-		strings.Join(s.undo, " ")).Result()
+	_, _ = runRelease(ctx, c, s.keys, s.owner, s.holdID, s.access, releaseLeavingQueue, s.undo...)
 }
 
 // abandon undoes, in the background, an acquire whose reply was lost, if Redis applied it.

@@ -3,6 +3,7 @@ package dlock
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -193,12 +194,14 @@ const (
 	releaseLeavingQueue             // a waiter giving up, possibly granted meanwhile
 )
 
-func runRelease(ctx context.Context, c *Client, k keys, owner, holdID string, a access, mode releaseMode) (int, error) {
+// runRelease runs the release script for owner's hold holdID in mode; undo, for a waiter
+// leaving the queue, names its wait's earlier hold ids whose holds go too (holdSpec.undo).
+func runRelease(ctx context.Context, c *Client, k keys, owner, holdID string, a access, mode releaseMode, undo ...string) (int, error) {
 	return scripts.Release.Run(ctx, c.rdb,
 		[]string{k.lock, k.opLog, k.fence, k.queue, k.live},
 		owner, holdID, opLogTTL.Milliseconds(), k.channel, mode == releaseIfAcquired,
 		grantGrace.Milliseconds(), c.publishCmd, mode == releaseLeavingQueue,
-		bargeWindow.Milliseconds(), string(a)).Int()
+		bargeWindow.Milliseconds(), string(a), strings.Join(undo, " ")).Int()
 }
 
 // access is how a hold holds its lock: a mutex's (""), or a read-write lock's shared ("r")

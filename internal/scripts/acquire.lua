@@ -7,7 +7,8 @@
 --                     expires once the clock has passed it (see reserve_block)
 -- KEYS[3] op log      hash: r:<owner> = hold id of the owner's last release,
 --                     g:<owner> = token of a lock granted to the owner while it waited,
---                     p:<queue member> = the hold a grant writes for that waiter (lib.lua)
+--                     p:<queue member> = the hold a grant writes for that waiter (lib.lua),
+--                     u:<hold id> = 1 for a hold id a wait gave up (drop_holds)
 -- KEYS[4] queue       sorted set of waiting owners scored by when they joined (ms): FIFO
 -- KEYS[5] liveness    hash {waiting owner: deadline in ms of server time}
 -- ARGV[1] owner id
@@ -36,7 +37,8 @@
 -- ARGV[14] the number of this attempt in its wait (lib.lua: a grant names the attempt that
 --          recorded the hold it writes)
 -- ARGV[15] hold ids of the wait's earlier attempts that got no usable reply (space-separated):
---          holds under them, taken or granted and never used, are dropped first
+--          holds under them, taken or granted and never used, are dropped first, and an
+--          attempt under one of them that arrives later changes nothing
 --
 -- Returns {1, token, holdCount, waiting} when the caller holds the lock after the call (fresh,
 -- re-entered, a granted lock now confirmed, or a retry of a call that already succeeded;
@@ -156,7 +158,13 @@ local function take_free()
   return queue_up(0)
 end
 
-local _, freed = drop_holds(KEYS[1], owner, ARGV[15])
+-- An attempt of a wait under a hold id it gave up (lib.lua drop_holds), reaching Redis only
+-- after later ones: it must change nothing.
+if ARGV[5] == '1' and redis.call('HEXISTS', KEYS[3], 'u:' .. ARGV[3]) == 1 then
+  return {0, redis.call('PTTL', KEYS[1]), 0}
+end
+
+local _, freed = drop_holds(KEYS[1], KEYS[3], owner, ARGV[15], ARGV[4])
 if freed then
   redis.call('DEL', KEYS[1]) -- it goes to the first waiter, or to us, below
 end

@@ -381,15 +381,25 @@ local function drop_hold(k_lock, owner, mark)
 end
 
 -- drop_holds drops (drop_hold) the holds of owner named by ids, a space-separated list of hold
--- ids, and reports whether any was found and whether the lock is now free of holds.
-local function drop_holds(k_lock, owner, ids)
-  local found, free = false, false
+-- ids a wait gave up, and reports whether any was found and whether the lock is now free of
+-- holds. With log_ttl (not nil) it marks each id in the op log (u:<id>), for ids whose
+-- attempts got no usable reply: one under it that reaches Redis only now, after later ones
+-- (a lost command delivered late), then changes nothing. Such marks come only with failures.
+local function drop_holds(k_lock, k_log, owner, ids, log_ttl)
+  local found, free, any = false, false, false
   for id in string.gmatch(ids or '', '%S+') do
+    if log_ttl then
+      redis.call('HSET', k_log, 'u:' .. id, 1)
+      any = true
+    end
     local r = drop_hold(k_lock, owner, '#' .. id)
     if r ~= nil then
       found = true
       free = free or r == 0
     end
+  end
+  if any then
+    redis.call('PEXPIRE', k_log, log_ttl)
   end
   return found, free
 end

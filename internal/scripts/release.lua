@@ -22,13 +22,14 @@
 -- ARGV[10] mode: "" for a mutex, "r" or "w" for a read-write lock (see lib.lua); a reader's
 --         release frees the lock only when it was the last reader
 -- ARGV[11] for a waiter giving up: hold ids of its wait's attempts that got no usable reply,
---         whose holds go too
+--         whose holds go too, and whose attempts arriving later change nothing
 --
 -- Returns 3 when the lock was handed to a waiter ("g"/"G" published, lib.lua), 2 when it was
 -- freed ("w <owner>" published when a waiter is first in line), 1 when one of several holds
 -- was dropped or this very release had already been applied (a retry after a lost reply), 0
 -- when the hold does not exist (expired, deleted, taken, or the key is not a lock hash) and
--- this call's earlier attempt did not release it. Only the hold named by ARGV[2] is touched.
+-- this call's earlier attempt did not release it. Only the hold named by ARGV[2] is touched
+-- (and, for a waiter giving up, the holds named by ARGV[11]).
 local owner, mark = ARGV[1], '#' .. ARGV[2]
 local mode = ARGV[10] or ''
 local rw = mode ~= ''
@@ -92,7 +93,9 @@ if ARGV[8] == '1' then
   -- A grant wrote the hold this wait recorded (lib.lua), or the wait's attempt took it
   -- with its reply lost: the waiter never used it. Its owner may hold the lock more than
   -- once (one WithOwner id in several places): then only this hold goes.
-  local found, free = drop_holds(KEYS[1], owner, ARGV[2] .. ' ' .. (ARGV[11] or ''))
+  local found, free = drop_holds(KEYS[1], KEYS[2], owner, ARGV[2], nil)
+  local found_undone, free_undone = drop_holds(KEYS[1], KEYS[2], owner, ARGV[11], ARGV[3])
+  found, free = found or found_undone, free or free_undone
   if free then
     return hand_on()
   elseif found then
