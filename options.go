@@ -23,7 +23,8 @@ const (
 	maxPrefixLen = 256
 	// A waiter not heard from for livenessWindow is skipped by the FIFO; live waiters refresh
 	// their entry every livenessRefresh. A lock granted to a waiter keeps grantGrace as TTL until
-	// the waiter confirms. Together they bound how long a killed waiter can stall a lock.
+	// the waiter's first renewal (or, for a waiter of an older dlock, its confirming acquire).
+	// Together they bound how long a killed waiter can stall a lock.
 	livenessWindow  = 750 * time.Millisecond
 	livenessRefresh = 250 * time.Millisecond
 	grantGrace      = 500 * time.Millisecond
