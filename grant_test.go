@@ -37,29 +37,30 @@ func releaseMode(t *testing.T, rdb *redis.Client, k lockNames, owner, holdID, mo
 	return n
 }
 
+// grantScripted has owner A hold the mutex k, waiter queue for it recording hold, and A's
+// release grant it to waiter.
+func grantScripted(t *testing.T, rdb *redis.Client, k lockNames, waiter, hold string) {
+	t.Helper()
+	acquireMode(t, rdb, k, "A", "ha", "")
+	acquireMode(t, rdb, k, waiter, hold, "")
+	if n := releaseMode(t, rdb, k, "A", "ha", "", false); n != 3 {
+		t.Fatalf("A's release = %d, want 3 (granted to %s)", n, waiter)
+	}
+}
+
 // A waiter whose user may no longer run scripts once it waits still gets the lock from the
 // release: the grant wrote its hold, and the pushed message starts its lease.
 func TestGrantedWaiterHoldsWithoutRunningAScript(t *testing.T) {
 	ctx := ctxT(t)
 	srv := redistest.Shared(t)
 	name := redistest.Name(t)
-	holderC, admin := newClient(t)
-	held, err := holderC.Mutex(name).Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
 	user := "grantee" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	c := dlock.New(aclClient(t, srv, user, minimalACL...))
 	t.Cleanup(func() { _ = c.Close(context.Background()) })
 	// A first grant to c, with scripts allowed, settles its notification connection (its
 	// first subscription wakes every waiter, which then tries again).
 	grantTo(t, c.Mutex(name+"-warm-up"))
-	got := make(chan lockResult, 1)
-	go func() {
-		l, err := c.Mutex(name).Lock(ctx)
-		got <- lockResult{l, err}
-	}()
-	waitQueueLen(t, admin, name, 1)
+	held, ch, admin := waitBehind(t, c.Mutex(name))
 	if err := admin.Do(ctx, "ACL", "SETUSER", user, "-evalsha", "-eval").Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -67,9 +68,9 @@ func TestGrantedWaiterHoldsWithoutRunningAScript(t *testing.T) {
 	if err := held.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	var r lockResult
+	var r rwResult
 	select {
-	case r = <-got:
+	case r = <-ch:
 	case <-time.After(5 * time.Second):
 		t.Fatal("the waiter never got the lock granted to it")
 	}
@@ -96,37 +97,35 @@ func TestGrantedWaiterHoldsWithoutRunningAScript(t *testing.T) {
 	}
 }
 
-type lockResult struct {
-	l   *dlock.Lease
-	err error
-}
-
-// grantTo makes c's handle m wait behind a lease of another Client and returns the lease the
-// release grants it.
-func grantTo(t *testing.T, m *dlock.Mutex) *dlock.Lease {
+// waitBehind has another Client hold m's lock and m.Lock wait for it in the Redis queue; it
+// returns the holder's lease, m's result to come, and a raw client.
+func waitBehind(t *testing.T, m *dlock.Mutex) (*dlock.Lease, <-chan rwResult, *redis.Client) {
 	t.Helper()
 	ctx := ctxT(t)
 	holderC, rdb := newClient(t)
-	held, err := holderC.Mutex(m.Name()).Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := make(chan lockResult, 1)
+	held := must(t)(holderC.Mutex(m.Name()).Lock(ctx))
+	ch := make(chan rwResult, 1)
 	go func() {
-		l, err := m.Lock(ctx)
-		got <- lockResult{l, err}
+		var r rwResult
+		r.l, r.err = m.Lock(ctx)
+		ch <- r
 	}()
 	waitQueueLen(t, rdb, m.Name(), 1)
+	return held, ch, rdb
+}
+
+// grantTo makes m wait behind a lease of another Client and returns the lease the release
+// grants it.
+func grantTo(t *testing.T, m *dlock.Mutex) *dlock.Lease {
+	t.Helper()
+	held, ch, _ := waitBehind(t, m)
 	time.Sleep(10 * time.Millisecond) // past the barging window
-	if err := held.Unlock(ctx); err != nil {
+	if err := held.Unlock(ctxT(t)); err != nil {
 		t.Fatal(err)
 	}
-	r := <-got
-	if r.err != nil {
-		t.Fatal(r.err)
-	}
-	t.Cleanup(func() { _ = r.l.Unlock(context.Background()) })
-	return r.l
+	l := got(t, "granted waiter", ch)
+	t.Cleanup(func() { _ = l.Unlock(context.Background()) })
+	return l
 }
 
 // A granted lease holds the lock with the grant's short TTL only until its first renewal,
@@ -289,11 +288,7 @@ func TestLeavingWaiterGivesBackOnlyItsGrantedHold(t *testing.T) {
 	rdb := redistest.Client(t)
 	ctx := ctxT(t)
 	k := names(t)
-	acquireMode(t, rdb, k, "A", "ha", "")
-	acquireMode(t, rdb, k, "O", "h1", "")
-	if n := releaseMode(t, rdb, k, "A", "ha", "", false); n != 3 {
-		t.Fatalf("A's release = %d, want 3", n)
-	}
+	grantScripted(t, rdb, k, "O", "h1")
 	// The same owner id locks again elsewhere (WithOwner): a re-entry on top of the grant.
 	if res := acquireArgs(t, rdb, k, "O", "h2", false, true); res[0] != 1 || res[2] != 2 {
 		t.Fatalf("O's second hold = %v, want count 2", res)
@@ -310,18 +305,8 @@ func TestLeavingWaiterGivesBackOnlyItsGrantedHold(t *testing.T) {
 func TestStaleGrantIsNotTaken(t *testing.T) {
 	ctx := ctxT(t)
 	name := redistest.Name(t)
-	holderC, rdb := newClient(t)
-	held, err := holderC.Mutex(name).Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
 	c, _ := newClient(t)
-	got := make(chan lockResult, 1)
-	go func() {
-		l, err := c.Mutex(name).Lock(ctx)
-		got <- lockResult{l, err}
-	}()
-	waitQueueLen(t, rdb, name, 1)
+	held, ch, rdb := waitBehind(t, c.Mutex(name))
 	record := func() (field, id string, attempt int) {
 		for f, v := range rdb.HGetAll(ctx, lockKey(name)+":log").Val() {
 			if rest, ok := strings.CutPrefix(f, "p:"); ok {
@@ -350,22 +335,15 @@ func TestStaleGrantIsNotTaken(t *testing.T) {
 			t.Fatal("the waiter never tried again after a stale grant")
 		}
 	}
-	select {
-	case r := <-got:
-		t.Fatalf("the waiter took a stale grant: lease %v, err %v", r.l != nil, r.err)
-	default:
-	}
+	notYet(t, "the waiter, after a stale grant", ch)
 	if err := held.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	r := <-got
-	if r.err != nil {
-		t.Fatal(r.err)
-	}
-	if r.l.Token() == 12345 {
+	l := got(t, "the waiter", ch)
+	if l.Token() == 12345 {
 		t.Fatal("the waiter's lease has the stale grant's token")
 	}
-	_ = r.l.Unlock(ctx)
+	_ = l.Unlock(ctx)
 }
 
 // Two waits of one WithOwner id: when one's recorded hold is admitted by a script that the
@@ -403,11 +381,7 @@ func TestUndoneHoldIdsAreDropped(t *testing.T) {
 	rdb := redistest.Client(t)
 	ctx := ctxT(t)
 	k := names(t)
-	acquireMode(t, rdb, k, "A", "ha", "")
-	acquireMode(t, rdb, k, "W", "h1", "")
-	if n := releaseMode(t, rdb, k, "A", "ha", "", false); n != 3 {
-		t.Fatalf("A's release = %d, want 3", n)
-	}
+	grantScripted(t, rdb, k, "W", "h1")
 	// W never heard of its grant of h1 (its attempt's reply was lost) and leaves under h2.
 	_, err := scripts.Release.Run(ctx, rdb, []string{k.lock, k.log, k.fence, k.queue, k.live},
 		"W", "h2", 60000, k.channel, false, 500, "PUBLISH", true, 0, "", "h1").Result()
