@@ -208,17 +208,13 @@ func (c *Client) startHold(ctx context.Context, s holdSpec, holdID string, token
 		}
 		return nil, lateRetry, notObtained(s.name, why)
 	}
-	valid := ttl
-	if grantTTL > 0 {
-		valid = grantTTL
-	}
-	if c.since(sent) >= s.cfg.safeLease(valid) {
-		return late(errLateReply)
-	}
 	h := &hold{
 		c: c, name: s.name, keys: s.keys, cfg: s.cfg, owner: s.owner, holdID: holdID, access: s.access,
 		token: token, tracked: make(chan struct{}), ttl: ttl, grantTTL: grantTTL, heapIdx: -1,
 		othersWait: othersWait,
+	}
+	if c.since(sent) >= s.cfg.safeLease(h.liveTTL()) {
+		return late(errLateReply)
 	}
 	if err := c.track(ctx, h, sent); err != nil {
 		// The Client closed while the script ran: give the hold back now (Close waits for

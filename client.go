@@ -187,11 +187,7 @@ func (c *Client) track(ctx context.Context, l *hold, sent time.Time) error {
 	l.mu.Lock()
 	held := l.state == holdHeld // Close may have ended it already
 	if held {
-		ttl := l.ttl
-		if l.grantTTL > 0 {
-			ttl = l.grantTTL // a grant's TTL, until the first renewal (hold.grantTTL)
-		}
-		l.setDeadlineLocked(sent, ttl, false)
+		l.setDeadlineLocked(sent, l.liveTTL(), false)
 	}
 	l.mu.Unlock()
 	if !held {

@@ -55,6 +55,15 @@ type hold struct {
 	renewAt      time.Time   // next renewal (renewer.mu)
 }
 
+// liveTTL is the TTL the hold's safe deadline counts with now: the grant's (grantTTL) until a
+// granted hold's first renewal, else its own.
+func (h *hold) liveTTL() time.Duration {
+	if h.grantTTL > 0 {
+		return min(h.grantTTL, h.ttl)
+	}
+	return h.ttl
+}
+
 // setOnEnd installs f, called once and outside any lock when the hold ends other than by a
 // release its user asked for (err then wraps ErrLeaseLost, or is ErrClosed). If the hold has
 // already ended, f is not installed and setOnEnd reports the end instead.

@@ -173,10 +173,7 @@ func (r *renewer) renewBatch(ctx context.Context, due []*hold) {
 	for i, l := range due {
 		l.mu.Lock()
 		ttls[i] = l.ttl
-		window := l.ttl
-		if l.grantTTL > 0 {
-			window = min(window, l.grantTTL) // a granted hold's first renewal: see hold.grantTTL
-		}
+		window := l.liveTTL() // short for a granted hold's first renewal
 		l.mu.Unlock()
 		retries[i] = min(window/10, maxRenewRetry)
 		timeout = min(timeout, max(window/4, minRenewTimeout))
