@@ -57,10 +57,20 @@ func TestKilledClusterMastersKeysMoveAndItsNotifierGoes(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	time.Sleep(1500 * time.Millisecond) // let dlock settle on the new topology
-	for _, l := range ls {
-		if l.Err() != nil {
-			t.Fatalf("lease lost by the failover: %v", l.Err())
+	// dlock settles on the new topology: every hold is watched by the promoted master's notifier.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		settled := true
+		for _, l := range ls {
+			if l.Err() != nil {
+				t.Fatalf("lease lost by the failover: %v", l.Err())
+			}
+			settled = settled && dlock.WatchedAt(l) == promoted.Addr
+		}
+		if settled {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("holds not watched on the promoted master 10s after it was known: %s", dlock.WatchedAt(ls[0]))
 		}
 	}
 	admin := promoted.Client()
@@ -80,13 +90,19 @@ func TestKilledClusterMastersKeysMoveAndItsNotifierGoes(t *testing.T) {
 		t.Errorf("missed loss: reported only %v after the DEL (want ~<1s)", took.Round(time.Millisecond))
 	}
 	t.Logf("dials to the dead node %s during the %v after the DEL: %d", victim.Addr, time.Since(del).Round(time.Millisecond), dials.Load()-d0)
-	// Unlock the rest: nothing should keep dialling the dead node afterwards.
+	// Unlock the rest: nothing may keep dialling the dead node afterwards.
 	for _, l := range ls[1:] {
 		_ = l.Unlock(ctx)
 	}
+	// Its notifier, idle now, retires at its next failed retry (backoff up to 2s).
+	for deadline := time.Now().Add(10 * time.Second); dlock.HasNotifier(dl, victim.Addr); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("leak: the dead node %s still has a notifier 10s after no lease lives on it", victim.Addr)
+		}
+	}
 	d1 := dials.Load()
-	time.Sleep(5 * time.Second)
+	time.Sleep(3 * time.Second) // nothing to wait for: no dial must come
 	if n := dials.Load() - d1; n > 0 {
-		t.Errorf("leak: %d dials to the dead node %s in the 5s after no lease lives on it", n, victim.Addr)
+		t.Errorf("leak: %d dials to the dead node %s in the 3s after its notifier retired", n, victim.Addr)
 	}
 }

@@ -5,6 +5,31 @@ import "time"
 // Tracked exposes, to tests only, the moment a lease's key is tracked for push loss detection.
 func Tracked(l *Lease) <-chan struct{} { return l.hd.h.tracked }
 
+// WatchedAt tells tests the address of the node whose notifier watches a lease's hold for
+// loss ("" when none does).
+func WatchedAt(l *Lease) string {
+	h := l.hd.h
+	h.mu.Lock()
+	n := h.notif
+	h.mu.Unlock()
+	if n == nil {
+		return ""
+	}
+	return n.opt.Addr
+}
+
+// HasNotifier tells tests whether c has a notifier for the node at addr (any database).
+func HasNotifier(c *Client, addr string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, n := range c.notifiers {
+		if n.opt.Addr == addr {
+			return true
+		}
+	}
+	return false
+}
+
 // CohortWaiters tells tests how many goroutines of c wait locally for the lock called name.
 func CohortWaiters(c *Client, name string) int {
 	c.mu.Lock()
@@ -53,6 +78,15 @@ func SetReadShareAge(t interface{ Cleanup(func()) }, d time.Duration) {
 	old := readShareAge
 	readShareAge = d
 	t.Cleanup(func() { readShareAge = old })
+}
+
+// SetWaitWindows widens, for a test of the FIFO's order, how long a waiter may go unheard
+// (liveness) and a grantee may take to renew its grant (grace), so a pause of the loaded
+// machine does not cost a waiter its place; restored at cleanup.
+func SetWaitWindows(t interface{ Cleanup(func()) }, liveness, grace time.Duration) {
+	lw, lr, gg := livenessWindow, livenessRefresh, grantGrace
+	livenessWindow, livenessRefresh, grantGrace = liveness, liveness/3, grace
+	t.Cleanup(func() { livenessWindow, livenessRefresh, grantGrace = lw, lr, gg })
 }
 
 // KeySlot is the Cluster hash slot dlock computes for key.

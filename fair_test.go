@@ -30,6 +30,7 @@ func waitQueueLenWithin(t *testing.T, rdb *redis.Client, name string, n int64, l
 }
 
 func TestWaitersAcrossClientsAreServedInArrivalOrder(t *testing.T) {
+	dlock.SetWaitWindows(t, 10*time.Second, 5*time.Second) // order, not pauses of a loaded machine
 	ctx := ctxT(t)
 	name := redistest.Name(t)
 	holderC, rdb := newClient(t)

@@ -21,14 +21,7 @@ const (
 	maxNameLen   = 1024
 	maxOwnerLen  = 256
 	maxPrefixLen = 256
-	// A waiter not heard from for livenessWindow is skipped by the FIFO; live waiters refresh
-	// their entry every livenessRefresh. A lock granted to a waiter keeps grantGrace as TTL until
-	// the waiter's first renewal (or, for a waiter of an older dlock, its confirming acquire).
-	// Together they bound how long a killed waiter can stall a lock.
-	livenessWindow  = 750 * time.Millisecond
-	livenessRefresh = 250 * time.Millisecond
-	grantGrace      = 500 * time.Millisecond
-	queueTTL        = time.Minute // a lock's queue keys vanish this long after the last waiter's refresh
+	queueTTL = time.Minute // a lock's queue keys vanish this long after the last waiter's refresh
 	// A caller outside the queue may take a free lock ahead of a first waiter that has waited
 	// less than bargeWindow (bounded barging, as in sync.Mutex): a process that releases and
 	// re-locks at once keeps going instead of paying a cross-process hand-off each time, and
@@ -40,6 +33,18 @@ const (
 // opLogTTL is how long a retried acquire or release is recognised, and so how long a lock's
 // op log outlives its last use. A variable so tests can shorten it.
 var opLogTTL = time.Minute
+
+// A waiter not heard from for livenessWindow is skipped by the FIFO; live waiters refresh
+// their entry every livenessRefresh. A lock granted to a waiter keeps grantGrace as TTL until
+// the waiter's first renewal (or, for a waiter of an older dlock, its confirming acquire).
+// Together they bound how long a killed waiter can stall a lock, and so how long a live one
+// may be paused before it loses its place. Variables so tests of the FIFO's order can outlast
+// the pauses of a loaded machine (SetWaitWindows).
+var (
+	livenessWindow  = 750 * time.Millisecond
+	livenessRefresh = 250 * time.Millisecond
+	grantGrace      = 500 * time.Millisecond
+)
 
 // An Option configures a Client (the default for all its mutexes) or a single Mutex.
 // Options given to Client.Mutex override those given to New.

@@ -63,6 +63,7 @@ func TestRWMutexReadersOfAClientShareOneHold(t *testing.T) {
 // A writer joining the queue is pushed to the Client sharing a read hold, which then lets no
 // new local reader join it: the writer is not overtaken for longer than the push takes.
 func TestRWMutexQueuedWriterStopsReaderSharing(t *testing.T) {
+	dlock.SetWaitWindows(t, 10*time.Second, 5*time.Second) // order, not pauses of a loaded machine
 	dlock.SetReadShareAge(t, time.Hour) // only the push can close the share
 	c1, c2 := twoClients(t)
 	ctx := ctxT(t)
@@ -109,6 +110,7 @@ func TestRWMutexQueuedWriterStopsReaderSharing(t *testing.T) {
 // A reader admitted while a writer waits behind it (the acquire's reply says so) does not
 // share its hold: a new local reader queues behind the writer.
 func TestRWMutexReaderAdmittedAheadOfAWriterDoesNotShare(t *testing.T) {
+	dlock.SetWaitWindows(t, 10*time.Second, 5*time.Second) // order, not pauses of a loaded machine
 	dlock.SetReadShareAge(t, time.Hour)
 	c1, c2 := twoClients(t)
 	ctx := ctxT(t)
@@ -207,6 +209,7 @@ func waitPendingReaders(t *testing.T, c *dlock.Client, name string, n int) {
 // that unlocks at once does not release it under the others, who therefore never fall behind
 // a writer that queued after them; a reader that gives up leaves the others waiting.
 func TestRWMutexWaitingReadersKeepTheirPlaceBeforeALaterWriter(t *testing.T) {
+	dlock.SetWaitWindows(t, 10*time.Second, 5*time.Second) // order, not pauses of a loaded machine
 	c1, c2 := twoClients(t)
 	ctx := ctxT(t)
 	name := redistest.Name(t)
@@ -260,6 +263,7 @@ func TestRWMutexWaitingReadersKeepTheirPlaceBeforeALaterWriter(t *testing.T) {
 // Readers that come after a writer queued (another Client's, pushed; or their own Client's)
 // do not join their Client's wait that is ahead of the writer: they wait behind it.
 func TestRWMutexReadersAfterAQueuedWriterWaitBehindIt(t *testing.T) {
+	dlock.SetWaitWindows(t, 10*time.Second, 5*time.Second) // order, not pauses of a loaded machine
 	for _, own := range []bool{false, true} {
 		t.Run(fmt.Sprintf("own writer %v", own), func(t *testing.T) {
 			c1, c2 := twoClients(t)
