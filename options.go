@@ -21,7 +21,7 @@ const (
 	maxNameLen   = 1024
 	maxOwnerLen  = 256
 	maxPrefixLen = 256
-	queueTTL = time.Minute // a lock's queue keys vanish this long after the last waiter's refresh
+	queueTTL     = time.Minute // a lock's queue keys vanish this long after the last waiter's refresh
 	// A caller outside the queue may take a free lock ahead of a first waiter that has waited
 	// less than bargeWindow (bounded barging, as in sync.Mutex): a process that releases and
 	// re-locks at once keeps going instead of paying a cross-process hand-off each time, and

@@ -64,7 +64,7 @@ func TestRWMutexReadersOfAClientShareOneHold(t *testing.T) {
 // new local reader join it: the writer is not overtaken for longer than the push takes.
 func TestRWMutexQueuedWriterStopsReaderSharing(t *testing.T) {
 	dlock.SetWaitWindows(t, 10*time.Second, 5*time.Second) // order, not pauses of a loaded machine
-	dlock.SetReadShareAge(t, time.Hour) // only the push can close the share
+	dlock.SetReadShareAge(t, time.Hour)                    // only the push can close the share
 	c1, c2 := twoClients(t)
 	ctx := ctxT(t)
 	name := redistest.Name(t)
