@@ -172,3 +172,28 @@ func TestLostAttemptsHoldIsDroppedByTheNext(t *testing.T) {
 		t.Fatalf("lock left after the only lease's Unlock: %v", raw.HGetAll(ctx, lockKey(name)).Val())
 	}
 }
+
+// An acquire whose reply was lost is undone in the background (abandon: the release "only if
+// acquired"). When the acquire itself reaches Redis only after that clean-up (a command
+// delayed on a dead connection), it must take nothing: nobody would release the lock, which
+// would stall everyone for its TTL.
+func TestAbandonedAcquireArrivingLateTakesNothing(t *testing.T) {
+	rdb := redistest.Client(t)
+	ctx := ctxT(t)
+	k := names(t)
+	n, err := scripts.Release.Run(ctx, rdb, []string{k.lock, k.log, k.fence, k.queue, k.live},
+		"A", "h1", 60000, k.channel, true, 500, "PUBLISH", false, 0, "").Int64()
+	if err != nil || n != 0 {
+		t.Fatalf("clean-up of an acquire that has not run: %d, %v; want 0", n, err)
+	}
+	if res := acquireArgs(t, rdb, k, "A", "h1", false, true); res[0] != 0 {
+		t.Fatalf("the late acquire took the lock: %v", res)
+	}
+	if rdb.Exists(ctx, k.lock).Val() != 0 {
+		t.Fatal("the late acquire left a lock behind")
+	}
+	// The owner's next call, under a hold id of its own, takes the lock as usual.
+	if res := acquireArgs(t, rdb, k, "A", "h2", false, true); res[0] != 1 {
+		t.Fatalf("a fresh acquire after the clean-up: %v, want it taken", res)
+	}
+}

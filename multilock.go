@@ -221,7 +221,7 @@ func (c *Client) takeTogether(ctx context.Context, specs []holdSpec, taken []*ho
 	for i, s := range specs {
 		if taken[i] == nil {
 			idx = append(idx, i)
-			ks = append(ks, s.keys.lock, s.keys.fence, s.keys.queue)
+			ks = append(ks, s.keys.lock, s.keys.fence, s.keys.queue, s.keys.opLog)
 			ids = append(ids, c.nextHoldID())
 		}
 	}

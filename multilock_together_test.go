@@ -170,7 +170,7 @@ func TestMultiAcquireScriptResend(t *testing.T) {
 	rdb := redistest.Client(t)
 	ctx := ctxT(t)
 	a, b := names(t), lockNames{}
-	b.lock, b.fence, b.queue = a.lock+"b", a.fence+"b", a.queue+"b" // same slot: same {tag}
+	b.lock, b.fence, b.queue, b.log = a.lock+"b", a.fence+"b", a.queue+"b", a.log+"b" // same slot: same {tag}
 	run := func(ids ...string) []int64 {
 		t.Helper()
 		return multiAcquire(t, rdb, a, b, ids[0], ids[1])
@@ -233,7 +233,7 @@ func TestMultiAcquireResendWithALaterMemberTaken(t *testing.T) {
 	rdb := redistest.Client(t)
 	ctx := ctxT(t)
 	a := names(t)
-	b := lockNames{lock: a.lock + "b", fence: a.fence + "b", queue: a.queue + "b"}
+	b := lockNames{lock: a.lock + "b", fence: a.fence + "b", queue: a.queue + "b", log: a.log + "b"}
 	run := func(ids ...string) []int64 {
 		t.Helper()
 		return multiAcquire(t, rdb, a, b, ids[0], ids[1])
@@ -256,10 +256,31 @@ func TestMultiAcquireResendWithALaterMemberTaken(t *testing.T) {
 // multiAcquire runs the one-script pass over locks a and b for "owner-1" with the hold ids.
 func multiAcquire(t *testing.T, rdb *redis.Client, a, b lockNames, idA, idB string) []int64 {
 	t.Helper()
-	res, err := scripts.MultiAcquire.Run(context.Background(), rdb, []string{a.lock, a.fence, a.queue, b.lock, b.fence, b.queue},
+	res, err := scripts.MultiAcquire.Run(context.Background(), rdb, []string{a.lock, a.fence, a.queue, a.log, b.lock, b.fence, b.queue, b.log},
 		"owner-1", 30000, idA, idB).Int64Slice()
 	if err != nil {
 		t.Fatal(err)
 	}
 	return res
+}
+
+// A one-script pass whose reply was lost is cleaned up member by member (the release "only if
+// acquired", which marks its hold ids given up); should the pass itself reach Redis only after
+// that, it takes nothing.
+func TestMultiAcquireArrivingAfterItsCleanUpTakesNothing(t *testing.T) {
+	rdb := redistest.Client(t)
+	ctx := ctxT(t)
+	a := names(t)
+	b := lockNames{lock: a.lock + "b", fence: a.fence + "b", queue: a.queue + "b", log: a.log + "b"}
+	n, err := scripts.Release.Run(ctx, rdb, []string{b.lock, b.log, b.fence, b.queue, b.live},
+		"owner-1", "h2", 60000, b.channel, true, 500, "PUBLISH", false, 0, "").Int64()
+	if err != nil || n != 0 {
+		t.Fatalf("clean-up of member b: %d, %v; want 0", n, err)
+	}
+	if res := multiAcquire(t, rdb, a, b, "h1", "h2"); len(res) != 1 || res[0] != -1 {
+		t.Fatalf("the late pass: %v, want -1 and nothing taken", res)
+	}
+	if n := rdb.Exists(ctx, a.lock, b.lock).Val(); n != 0 {
+		t.Fatalf("the late pass left %d members held", n)
+	}
 }

@@ -8,7 +8,8 @@
 -- KEYS[3] op log      hash: r:<owner> = hold id of the owner's last release,
 --                     g:<owner> = token of a lock granted to the owner while it waited,
 --                     p:<queue member> = the hold a grant writes for that waiter (lib.lua),
---                     u:<hold id> = 1 for a hold id a wait gave up (drop_holds)
+--                     u:<hold id> = 1 for a hold id given up (drop_holds, and the
+--                     clean-up of a call whose reply was lost, release.lua)
 -- KEYS[4] queue       sorted set of waiting owners scored by when they joined (ms): FIFO
 -- KEYS[5] liveness    hash {waiting owner: deadline in ms of server time}
 -- ARGV[1] owner id
@@ -38,7 +39,8 @@
 --          recorded the hold it writes)
 -- ARGV[15] hold ids of the wait's earlier attempts that got no usable reply (space-separated):
 --          holds under them, taken or granted and never used, are dropped first, and an
---          attempt under one of them that arrives later changes nothing
+--          attempt under one of them that arrives later changes nothing (as does any attempt
+--          under a hold id marked given up in the op log)
 --
 -- Returns {1, token, holdCount, waiting} when the caller holds the lock after the call (fresh,
 -- re-entered, a granted lock now confirmed, or a retry of a call that already succeeded;
@@ -158,9 +160,10 @@ local function take_free()
   return queue_up(0)
 end
 
--- An attempt of a wait under a hold id it gave up (lib.lua drop_holds), reaching Redis only
--- after later ones: it must change nothing.
-if ARGV[5] == '1' and redis.call('HEXISTS', KEYS[3], 'u:' .. ARGV[3]) == 1 then
+-- An attempt under a hold id given up (a wait's, lib.lua drop_holds, or a call's whose reply
+-- was lost and whose clean-up ran first, release.lua), reaching Redis only after that: it
+-- must change nothing.
+if redis.call('HEXISTS', KEYS[3], 'u:' .. ARGV[3]) == 1 then
   return {0, redis.call('PTTL', KEYS[1]), 0}
 end
 

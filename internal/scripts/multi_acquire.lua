@@ -3,7 +3,8 @@
 -- only a faster way through what acquire does member by member: whenever a member needs more
 -- than "free, take it" it writes nothing and sends the caller to acquire.
 --
--- KEYS, per member in name order, 3 keys each: lock hash, fence, queue (as for acquire)
+-- KEYS, per member in name order, 4 keys each: lock hash, fence, queue, op log (as for
+--      acquire)
 -- ARGV[1] owner id
 -- ARGV[2] lease TTL in ms
 -- ARGV[2 + i] hold id of member i
@@ -15,13 +16,20 @@
 -- but has a queue, is held by the caller, or is not a current mutex lock hash (another layout
 -- or kind, another type), and nothing was written: the caller takes the members one by one
 -- with acquire; {-2} when a retry finds some members held by this call and others not (they
--- expired meanwhile): the caller drops this call's holds and goes member by member.
+-- expired meanwhile): the caller drops this call's holds and goes member by member. A call
+-- whose reply was lost is cleaned up member by member (release.lua, which marks its hold ids
+-- given up): should the call itself reach Redis only after that, it takes nothing ({-1}).
 local owner, ttl = ARGV[1], ARGV[2]
-local n = #KEYS / 3
+local n = #KEYS / 4
+for i = 1, n do
+  if redis.call('HEXISTS', KEYS[4 * i], 'u:' .. ARGV[2 + i]) == 1 then
+    return {-1}
+  end
+end
 local tokens, mine = {1}, 0
 local verdict -- the answer for the first member that is not free, if any
 for i = 1, n do
-  local k_lock = KEYS[3 * i - 2]
+  local k_lock = KEYS[4 * i - 3]
   if redis.call('EXISTS', k_lock) == 1 then
     local f, ok = lock_fields(k_lock, owner, '#v', '#k', '#' .. ARGV[2 + i], '#t')
     if ok and f[4] then
@@ -35,11 +43,11 @@ for i = 1, n do
       verdict = {0, i, redis.call('PTTL', k_lock)}
     end
   elseif not verdict then
-    if redis.call('EXISTS', KEYS[3 * i]) == 1 then
+    if redis.call('EXISTS', KEYS[4 * i - 1]) == 1 then
       verdict = {-1}
     else
       -- The fence is read before anything is written: a key of another type stops us here.
-      local v = redis.pcall('GET', KEYS[3 * i - 1])
+      local v = redis.pcall('GET', KEYS[4 * i - 2])
       if type(v) == 'table' and v.err then
         verdict = {-1}
       end
@@ -54,8 +62,8 @@ elseif verdict then
   return verdict
 end
 for i = 1, n do
-  local token = reserve_block(KEYS[3 * i - 1])
-  hold_lock(KEYS[3 * i - 2], owner, '#' .. ARGV[2 + i], token, ttl, '')
+  local token = reserve_block(KEYS[4 * i - 2])
+  hold_lock(KEYS[4 * i - 3], owner, '#' .. ARGV[2 + i], token, ttl, '')
   tokens[i + 1] = token
 end
 return tokens

@@ -11,7 +11,9 @@
 -- ARGV[3] op log TTL in ms
 -- ARGV[4] notification channel
 -- ARGV[5] "1" to release only if the hold exists, never reporting it as already released: the
---         clean-up after an acquire whose reply was lost
+--         clean-up after an acquire whose reply was lost. It marks the hold id given up
+--         (u:<hold id>, acquire.lua), so that acquire, should it reach Redis only now (a command
+--         delayed on a dead connection), takes nothing.
 -- ARGV[6] grace in ms: TTL of a lock granted to a waiter until it confirms
 -- ARGV[7] PUBLISH or SPUBLISH
 -- ARGV[8] "1" for a waiter giving up: leave the queue, and pass on a lock granted to it and
@@ -118,6 +120,11 @@ if ARGV[8] == '1' then
     notify_all(ARGV[7], ARGV[4], msgs)
   end
   return 0
+end
+
+if ARGV[5] == '1' then
+  redis.call('HSET', KEYS[2], 'u:' .. ARGV[2], 1)
+  redis.call('PEXPIRE', KEYS[2], ARGV[3])
 end
 
 local f = lock_fields(KEYS[1], mark, owner, '#v', '#k', '#m')
