@@ -197,3 +197,55 @@ func TestAbandonedAcquireArrivingLateTakesNothing(t *testing.T) {
 		t.Fatalf("a fresh acquire after the clean-up: %v, want it taken", res)
 	}
 }
+
+// A reader wait's queued attempt as hold A gets no reply, so the wait goes on as B, undoing
+// A. B's attempt finds the lock free with another reader H first in line: H's grant admits the
+// readers behind it, O among them, and must write O's hold as B (the attempt now running), not
+// as A: a hold under A would outlive B's release (B's renewals keeping it alive), a ghost
+// reader keeping writers out for a whole TTL. Found by review.
+func TestReaderAdmittedByItsNextAttemptLeavesNoGhostHold(t *testing.T) {
+	rdb := redistest.Client(t)
+	ctx := ctxT(t)
+	k := names(t)
+	acq := func(owner, hold, mode string, attempt int, undo string) []int64 {
+		t.Helper()
+		res, err := scripts.Acquire.Run(ctx, rdb, []string{k.lock, k.fence, k.log, k.queue, k.live},
+			owner, 30000, hold, 60000, true, 750, k.channel, 500, "PUBLISH", false, 60000, 4, mode, attempt, undo).Int64Slice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	acq("X", "hx", "w", 1, "") // X writes
+	acq("H", "hh", "r", 1, "") // reader H queues
+	acq("O", "A", "r", 1, "")  // reader O queues as A: this reply is lost
+	for deadline := time.Now().Add(time.Second); ; time.Sleep(time.Millisecond) {
+		// H must have waited through the 4 ms barging window (server time, no event).
+		now, _ := rdb.Time(ctx).Result()
+		if joined, _ := rdb.ZScore(ctx, k.queue, "r:H").Result(); float64(now.UnixMilli())-joined > 5 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("server clock did not move")
+		}
+	}
+	rdb.Del(ctx, k.lock) // X's hold expired
+	if res := acq("O", "B", "r", 2, "A"); res[0] != 1 {
+		t.Fatalf("O's next attempt as B: %v, want it admitted with H", res)
+	}
+	if hold, _ := rdb.HGet(ctx, k.lock, "#A").Result(); hold != "" {
+		t.Fatalf("the grant wrote the given-up hold A (for %q)", hold)
+	}
+	for _, r := range []struct{ owner, hold string }{{"O", "B"}, {"H", "hh"}} {
+		if _, err := scripts.Release.Run(ctx, rdb, []string{k.lock, k.log, k.fence, k.queue, k.live},
+			r.owner, r.hold, 60000, k.channel, false, 500, "PUBLISH", false, 4, "r", "").Int64(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if all := rdb.HGetAll(ctx, k.lock).Val(); len(all) != 0 {
+		t.Fatalf("every reader released, the lock still holds %v", all)
+	}
+	if w := acq("W", "hw", "w", 1, ""); w[0] != 1 {
+		t.Fatalf("a writer after every reader released: %v, want the lock", w)
+	}
+}

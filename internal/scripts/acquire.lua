@@ -55,6 +55,7 @@ local owner, mark = ARGV[1], '#' .. ARGV[3]
 local mode = ARGV[13] or ''
 local rw = mode ~= ''
 local me = member(mode, owner)
+local record = 'p:' .. me -- our place's record in the op log, while we wait (lib.lua)
 local msgs = {}
 
 local function done(res)
@@ -104,7 +105,7 @@ local function queue_up(foreign)
       end
     end
     -- The hold a grant will write for us (lib.lua): this wait's hold id and our TTL.
-    redis.call('HSET', KEYS[3], 'p:' .. me, ARGV[3] .. ' ' .. (ARGV[14] or '0') .. ' ' .. ARGV[2])
+    redis.call('HSET', KEYS[3], record, ARGV[3] .. ' ' .. (ARGV[14] or '0') .. ' ' .. ARGV[2])
     redis.call('PEXPIRE', KEYS[3], ARGV[4])
     -- The queue lives while anyone waits in it, and disappears on its own after.
     redis.call('PEXPIRE', KEYS[4], ARGV[11])
@@ -119,7 +120,7 @@ end
 local function ahead(head, waited)
   if head == me then
     leave_queue(KEYS[4], KEYS[5], me)
-    redis.call('HDEL', KEYS[3], 'p:' .. me)
+    redis.call('HDEL', KEYS[3], record)
     return true
   end
   if mode == 'r' and head:sub(1, 2) == 'w:' then
@@ -170,6 +171,13 @@ end
 local _, freed = drop_holds(KEYS[1], KEYS[3], owner, ARGV[15], ARGV[4])
 if freed then
   redis.call('DEL', KEYS[1]) -- it goes to the first waiter, or to us, below
+end
+
+-- A waiter's record names the hold a grant writes for it: from now on this attempt's, not
+-- that of an earlier attempt it gave up (a grant below, admitting us along with other
+-- readers, would otherwise write a hold nobody uses, which our renewals would keep alive).
+if ARGV[5] == '1' and redis.call('HEXISTS', KEYS[3], record) == 1 then
+  redis.call('HSET', KEYS[3], record, ARGV[3] .. ' ' .. (ARGV[14] or '0') .. ' ' .. ARGV[2])
 end
 
 if redis.call('EXISTS', KEYS[1]) == 0 then
@@ -266,7 +274,7 @@ if f[6] == 'r' and mode == 'r' then
   local head = first_waiter(KEYS[4], KEYS[5])
   if head == me then
     leave_queue(KEYS[4], KEYS[5], me)
-    redis.call('HDEL', KEYS[3], 'p:' .. me)
+    redis.call('HDEL', KEYS[3], record)
   end
   if head == nil or head == me then
     return join(tonumber(f[3]))
