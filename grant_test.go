@@ -410,3 +410,27 @@ func TestUndoneHoldIdsAreDropped(t *testing.T) {
 		t.Fatalf("lock after W's attempt under h5: %v", h)
 	}
 }
+
+// A waiter first in line that leaves the queue of a free lock (freed for it to compete for,
+// "w <owner>", then its ctx ended) hands the lock on: the waiter behind it is woken by push,
+// not by its next refresh (made 10 s here, past got's limit). Found by review.
+func TestWaiterLeavingTheHeadOfAFreeLockWakesTheNext(t *testing.T) {
+	dlock.SetWaitWindows(t, 30*time.Second, 5*time.Second)
+	c, rdb := newClient(t)
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	base := "dlock:{" + name + "}"
+	k := lockNames{base, base + ":fence", base + ":log", base + ":queue", base + ":live", base + ":released"}
+	acquireMode(t, rdb, k, "A", "ha", "w")
+	acquireMode(t, rdb, k, "X", "hx", "w") // X queues first
+	r := rwLockAsync(t, c.RWMutex(name), true)
+	waitQueued(t, c, name, 2)
+	// A releases while X has waited less than the barging window: X is only woken.
+	n, err := scripts.Release.Run(ctx, rdb, []string{k.lock, k.log, k.fence, k.queue, k.live},
+		"A", "ha", 60000, k.channel, false, 500, "PUBLISH", false, 60000, "w").Int64()
+	if err != nil || n != 2 {
+		t.Fatalf("A's release = %d, %v; want 2 (freed, X woken to compete)", n, err)
+	}
+	releaseMode(t, rdb, k, "X", "hx", "w", true) // X gives up
+	_ = got(t, "reader behind the waiter that left", r).Unlock(ctx)
+}
