@@ -129,7 +129,8 @@ const maxUndo = 16
 // A waitObserver hears what a wait on behalf of others (the readers of a Client waiting
 // together, readshare.go) must pass on to them.
 type waitObserver interface {
-	// writerQueued says a writer joined the lock's queue (pushed "x").
+	// writerQueued says a writer joined the lock's queue behind the wait's place (pushed "x",
+	// or an attempt's reply says so); it may be called more than once.
 	writerQueued()
 	// attempted reports the last attempt's ErrUnavailable, or nil once Redis answered.
 	attempted(failing error)
@@ -187,6 +188,9 @@ func (c *Client) tryHold(ctx context.Context, s holdSpec, queue bool) (*hold, ti
 		}
 		if len(res) > 2 && res[2] == 1 {
 			return nil, max(wait, time.Millisecond), notObtained(s.name, errForeignValue)
+		}
+		if len(res) > 3 && res[3] == 1 {
+			return nil, max(wait, time.Millisecond), notObtained(s.name, errWriterBehind)
 		}
 		return nil, max(wait, time.Millisecond), notObtained(s.name)
 	}
@@ -377,6 +381,11 @@ func (c *Client) waitHold(ctx context.Context, s holdSpec, contended bool) (*hol
 		}
 		if s.observer != nil {
 			s.observer.attempted(failing)
+			if errors.Is(err, errWriterBehind) {
+				// Redis says so even when no push reaches us (a user that may not publish or
+				// subscribe): within one refresh of the writer joining.
+				s.observer.writerQueued()
+			}
 		}
 		if sub == nil && n != nil && failing == nil {
 			// Subscribe, then attempt again at once: a grant between the attempt and the

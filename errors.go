@@ -57,6 +57,7 @@ var (
 	errLateReply      = errors.New("the acquire's reply arrived after the lease's safe deadline")
 	errLostAtOnce     = errors.New("the lock was lost the moment it was taken")
 	errForeignValue   = errors.New("the lock's key holds a value that is not a dlock lock")
+	errWriterBehind   = errors.New("a writer waits behind the caller's place in the queue")
 )
 
 // joinErr joins errors like errors.Join, but prints them on one line ("a; b"), so a log line

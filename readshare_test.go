@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -383,4 +384,50 @@ func TestRWMutexCloseWhileReadersWaitTogether(t *testing.T) {
 	if info, err := c2.Inspect(ctx, name); err != nil || info.Held || info.Waiters != 0 {
 		t.Fatalf("after Close and the writer's Unlock: %+v, %v; want the lock free, nobody queued", info, err)
 	}
+}
+
+// With no push at all (the writer's user may not publish on dlock's channels), a Client's read
+// wait learns from its own next refresh that a writer queued behind its place, so readers that
+// come later wait behind that writer instead of joining the place ahead of it. Found by review.
+func TestRWMutexLaterReadersWaitBehindAWriterWithoutPush(t *testing.T) {
+	dlock.SetWaitWindows(t, 1500*time.Millisecond, 5*time.Second) // waits refresh every 500 ms
+	var rules []string
+	for _, r := range minimalACL {
+		if r != "&dlock:*" {
+			rules = append(rules, r)
+		}
+	}
+	c1, _ := newClient(t)
+	user := "nopub" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	c2 := dlock.New(aclClient(t, redistest.Shared(t), user, rules...))
+	t.Cleanup(func() { _ = c2.Close(context.Background()) })
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	w0 := must(t)(c2.RWMutex(name).Lock(ctx))
+	r1 := rwLockAsync(t, c1.RWMutex(name), true)
+	waitPendingReaders(t, c1, name, 1)
+	waitQueued(t, c1, name, 1)
+	w1 := rwLockAsync(t, c2.RWMutex(name), false)
+	waitQueued(t, c1, name, 2)
+	for deadline := time.Now().Add(5 * time.Second); dlock.PendingReadWaiters(c1, name) != 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("c1's wait still takes new readers 5s after a writer queued behind it")
+		}
+	}
+	r2 := rwLockAsync(t, c1.RWMutex(name), true)
+	waitQueued(t, c1, name, 3) // r2 waits in a place of its own, behind the writer
+	if err := w0.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	first := got(t, "reader that came before the writer", r1)
+	notYet(t, "writer while the first reader reads", w1)
+	if err := first.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wl := got(t, "writer", w1)
+	notYet(t, "reader that came after the writer", r2)
+	if err := wl.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_ = got(t, "reader that came after the writer", r2).Unlock(ctx)
 }

@@ -40,11 +40,12 @@ import (
 // a Client that has the lock's channel subscribed, as it has while it waits for the lock;
 // otherwise the 5 ms bound alone applies). Readers that find the lock taken wait together in
 // one place in Redis's queue, which the Client keeps while any of them waits, and each has a
-// place on the hold it gets; readers that come once a writer has queued behind that place (a
-// push, or a writer of the same Client) wait behind the writer. The shared hold shows in Inspect as one reader, its leases have
-// its owner id, it is released when its last reader unlocks, and all of them end if it is
-// lost. Writers never
-// share: every write lease is a Redis hold of its own.
+// place on the hold it gets; readers that come once a writer has queued behind that place
+// wait behind the writer (the Client learns of it by push, from a writer of its own, or,
+// without push, from its wait's next refresh in Redis, within 250 ms). The shared hold shows
+// in Inspect as one reader, its leases have its owner id, it is released when its last reader
+// unlocks, and all of them end if it is lost. Writers never share: every write lease is a
+// Redis hold of its own.
 type RWMutex struct {
 	c     *Client
 	name  string

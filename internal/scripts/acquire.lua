@@ -9,7 +9,8 @@
 --                     g:<owner> = token of a lock granted to the owner while it waited,
 --                     p:<queue member> = the hold a grant writes for that waiter (lib.lua),
 --                     u:<hold id> = 1 for a hold id given up (drop_holds, and the
---                     clean-up of a call whose reply was lost, release.lua)
+--                     clean-up of a call whose reply was lost, release.lua),
+--                     w = when (server ms) the latest writer joined the queue
 -- KEYS[4] queue       sorted set of waiting owners scored by when they joined (ms): FIFO
 -- KEYS[5] liveness    hash {waiting owner: deadline in ms of server time}
 -- ARGV[1] owner id
@@ -46,8 +47,10 @@
 -- re-entered, a granted lock now confirmed, or a retry of a call that already succeeded;
 -- waiting, for a reader, is 1 when someone waits in the queue: its Client then lets no more
 -- local readers share the hold);
--- {0, pttl, foreign} when it does not (pttl: the lock's remaining TTL in ms, -1 without TTL;
--- foreign 1 when the key holds something other than a lock hash). A lock hash of another
+-- {0, pttl, foreign, behind} when it does not (pttl: the lock's remaining TTL in ms, -1
+-- without TTL; foreign 1 when the key holds something other than a lock hash; behind 1 when
+-- the caller, a queued reader, has a writer queued at or after its place, so its Client's later
+-- readers must not join that place). A lock hash of another
 -- layout is refused with a DLOCKLAYOUT error, a read-write lock taken as a mutex or the
 -- reverse with DLOCKKIND, and left as it is.
 -- TTLs of a held lock only grow here (PEXPIRE GT): other holds of the owner may rely on them.
@@ -94,14 +97,30 @@ local function join(t)
 end
 
 local function queue_up(foreign)
+  local behind = 0
   if ARGV[5] == '1' then
     local now = now_ms()
+    local joined = now
     if redis.call('HSET', KEYS[5], me, now + tonumber(ARGV[6])) == 1 then
       redis.call('ZADD', KEYS[4], 'NX', now, me) -- a new waiter (a refresh only moves its deadline)
       if mode == 'w' then
         -- A writer waits: Clients sharing a read hold, or waiting for one on behalf of their
-        -- readers, let no new local reader in ahead of it.
+        -- readers, let no new local reader in ahead of it. Told by push, and by the time
+        -- the latest writer joined, which a reader's wait reads below (no push needed).
         msgs[#msgs + 1] = 'x'
+        redis.call('HSET', KEYS[3], 'w', now)
+      end
+    elseif mode == 'r' then
+      -- Our place's score: ZSCORE, by a command the documented ACL allows (adds 0, changes
+      -- nothing, so nothing is replicated or invalidated).
+      joined = tonumber(redis.call('ZADD', KEYS[4], 'XX', 'INCR', 0, me) or now)
+    end
+    if mode == 'r' then
+      -- A writer joined at or after our place (same millisecond: maybe after): our Client's
+      -- later readers must wait behind it, not join our place.
+      local w = redis.call('HGET', KEYS[3], 'w')
+      if w and tonumber(w) >= joined then
+        behind = 1
       end
     end
     -- The hold a grant will write for us (lib.lua): this wait's hold id and our TTL.
@@ -111,7 +130,7 @@ local function queue_up(foreign)
     redis.call('PEXPIRE', KEYS[4], ARGV[11])
     redis.call('PEXPIRE', KEYS[5], ARGV[11])
   end
-  return done({0, redis.call('PTTL', KEYS[1]), foreign})
+  return done({0, redis.call('PTTL', KEYS[1]), foreign, behind})
 end
 
 -- ahead reports whether the caller may go ahead of the queue's first live waiter head (which
