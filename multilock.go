@@ -21,21 +21,34 @@ import (
 // fast (~870) but would sit on free members from the first pass on.
 const multiPatience = 5 * time.Millisecond
 
+// multiStepTimeout bounds a pass's attempt on a member while the pass holds members taken
+// before it: a member whose node does not answer (down, paused, partitioned) must not keep the
+// others from plain Mutexes on healthy nodes for as long as go-redis waits (seconds). The
+// MultiLock then waits for that member alone, holding nothing, before it takes the others.
+const multiStepTimeout = 200 * time.Millisecond
+
+// errSlowMember is the cause of a pass's ErrUnavailable when a member did not answer within
+// multiStepTimeout.
+var errSlowMember = errors.New("no answer while the MultiLock held members before it")
+
 // A MultiLock is a handle on several named locks taken together, all or nothing: Redisson's
 // MultiLock. Its members are ordinary locks: a MultiLock over {a, b} excludes a Mutex on a, and
 // the names may live on different Cluster slots. It is cheap to create, holds no Redis state
 // and is safe for concurrent use; like a Mutex it excludes goroutines (each call is an owner of
 // its own, unless made WithOwner).
 //
-// Waiting never deadlocks and never sits on free members for long: Lock takes every member that
+// Waiting never deadlocks, and at first gives way to other lockers: Lock takes every member that
 // is free in one pass in name order (one script when every name's keys share a hash slot: on a
 // single Redis always, on a Cluster when the names share a {tag}), and when one is taken it gives back what it took and waits
 // in that member's FIFO queue (woken by push when the member is handed to it), then tries the
 // others again. So a Mutex on a free member waits for a waiting MultiLock at most one such
-// pass. After waiting multiPatience (5 ms) it stops giving way: it takes the members in name
-// order, waiting in each one's queue and keeping what it has, which every MultiLock does in the
-// same order, so two of them never wait for each other. (Code that nests plain Mutexes on the
-// same names in another order can still deadlock with it then, as with any ordered locking.)
+// pass, and a pass waits at most multiStepTimeout (200 ms) for a member while it holds others:
+// a member whose node does not answer (down, paused) is then waited for alone, holding nothing.
+// After waiting multiPatience (5 ms) it stops giving way: it takes the members in name order,
+// waiting in each one's queue and keeping what it has (a Mutex on an earlier member then waits
+// for it), which every MultiLock does in the same order, so two of them never wait for each
+// other. (Code that nests plain Mutexes on the same names in another order can still deadlock
+// with it then, as with any ordered locking.)
 //
 // The lease is the same *Lease as a Mutex's, over all members: it is lost as soon as any member
 // is lost (the others are then released), Extend and Unlock act on every member, Remaining is
@@ -132,9 +145,9 @@ func (c *Client) takeAll(ctx context.Context, specs []holdSpec, together *atomic
 	taken := make([]*hold, len(specs))
 	start := c.now()
 	backoff := time.Duration(0)
-	for blocking := -1; ; {
+	for blocking, slow := -1, false; ; {
 		if blocking >= 0 {
-			if c.since(start) >= multiPatience {
+			if !slow && c.since(start) >= multiPatience {
 				hs, err := c.takeInOrder(ctx, specs)
 				if err != nil || allValid(hs) {
 					return hs, err
@@ -153,7 +166,7 @@ func (c *Client) takeAll(ctx context.Context, specs []holdSpec, together *atomic
 			taken[blocking] = h
 		}
 		i, err := c.pass(ctx, specs, taken, together)
-		blocking = -1
+		blocking, slow = -1, false
 		switch {
 		case err == nil && allValid(taken):
 			return taken, nil
@@ -168,6 +181,10 @@ func (c *Client) takeAll(ctx context.Context, specs []holdSpec, together *atomic
 			return nil, err
 		}
 		switch {
+		case errors.Is(err, errSlowMember):
+			// Wait for that member alone (its node answers slowly, or not yet), holding
+			// nothing meanwhile, however long the patience has run.
+			backoff, blocking, slow = 0, i, true
 		case errors.Is(err, ErrUnavailable):
 			// Wait it out as Lock does (a failover): back off, then a new pass.
 			backoff = min(max(2*backoff, minUnavailableRetry), maxUnavailableRetry)
@@ -198,17 +215,70 @@ func (c *Client) pass(ctx context.Context, specs []holdSpec, taken []*hold, toge
 			return i, err
 		}
 	}
+	holding := untaken < len(specs)
 	for i, s := range specs {
 		if taken[i] != nil {
 			continue
 		}
-		h, _, err := c.tryHold(ctx, s, false)
+		h, err := c.passStep(ctx, s, holding)
 		if err != nil {
 			return i, err
 		}
-		taken[i] = h
+		taken[i], holding = h, true
 	}
 	return -1, nil
+}
+
+// passStep makes a pass's attempt on member s. While the pass holds other members (holding)
+// it waits for the attempt at most multiStepTimeout, whatever go-redis's own timeouts (it
+// honours a context deadline only with ContextTimeoutEnabled): past it, the error is
+// ErrUnavailable with cause errSlowMember, and the attempt, which goes on in the background,
+// gives back a hold it gets (one whose reply is lost is undone as tryHold does).
+func (c *Client) passStep(ctx context.Context, s holdSpec, holding bool) (*hold, error) {
+	if !holding {
+		h, _, err := c.tryHold(ctx, s, false)
+		return h, err
+	}
+	if !c.goBackground() {
+		return nil, fmt.Errorf("%w: lock %q", ErrClosed, s.name)
+	}
+	type result struct {
+		h   *hold
+		err error
+	}
+	done := make(chan result, 1)
+	var decided atomic.Bool // set by whichever comes first: the result, or the caller giving up
+	sctx, cancel := context.WithTimeout(ctx, multiStepTimeout)
+	go func() {
+		defer c.wg.Done()
+		defer cancel()
+		h, _, err := c.tryHold(sctx, s, false)
+		if decided.CompareAndSwap(false, true) {
+			done <- result{h, err}
+		} else if h != nil {
+			c.giveBack([]*hold{h})
+		}
+	}()
+	slow := fmt.Errorf("%w: lock %q: %w within %v", ErrUnavailable, s.name, errSlowMember, multiStepTimeout)
+	t := time.NewTimer(multiStepTimeout)
+	defer t.Stop()
+	select {
+	case r := <-done:
+		if r.err != nil && ctx.Err() == nil && sctx.Err() != nil {
+			return nil, slow
+		}
+		return r.h, r.err
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	if !decided.CompareAndSwap(false, true) {
+		r := <-done // the result came first after all
+		return r.h, r.err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, notObtained(s.name, err)
+	}
+	return nil, slow
 }
 
 // takeTogether takes every member not taken yet in one script (multi_acquire.lua), when all of

@@ -285,3 +285,63 @@ func TestMultiLockWaitsOutUnavailability(t *testing.T) {
 		t.Fatalf("MultiLock.Lock with Redis down: %v, want the ctx's end and ErrUnavailable", err)
 	}
 }
+
+// A MultiLock one of whose members lives on a master that does not answer (paused, no
+// replica to take over) does not sit on its healthy members meanwhile: its attempt on the
+// silent member is bounded while it holds the others, then it waits for that member alone, so
+// a plain Mutex on a healthy member gets it at once. Once the master answers again, the
+// MultiLock gets every member. Found by review.
+func TestMultiLockWaitingOnASilentMasterHoldsNoOtherMember(t *testing.T) {
+	cl := redistest.StartClusterT(t, redistest.ClusterConfig{Masters: 3, Replicas: -1,
+		Node: redistest.Config{Args: []string{"--cluster-require-full-coverage", "no"}}})
+	cc := cl.Client()
+	defer cc.Close()
+	ctx := ctxT(t)
+	c := dlock.New(cc)
+	defer c.Close(context.Background())
+	other := dlock.New(cl.Client())
+	defer other.Close(context.Background())
+	ms := cl.Masters()
+	// a on a healthy master, b on the one that goes silent, a first in name order.
+	a, b := namesOn(t, cc, ms[0], 1)[0], namesOn(t, cc, ms[1], 1)[0]
+	silent := ms[1]
+	if a > b {
+		a, b, silent = b, a, ms[0]
+	}
+	for _, n := range []string{a, b} { // both Clients know the slot map before the outage
+		_ = must(t)(c.Mutex(n).Lock(ctx)).Unlock(ctx)
+		_ = must(t)(other.Mutex(n).Lock(ctx)).Unlock(ctx)
+	}
+	silent.Pause()
+	defer silent.Resume()
+	res := make(chan error, 1)
+	go func() {
+		l, err := c.MultiLock([]string{a, b}).Lock(ctx)
+		if err == nil {
+			err = l.Unlock(ctx)
+		}
+		res <- err
+	}()
+	// The MultiLock's pass takes a, then meets the silent master.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		if info, err := other.Inspect(ctx, a); err == nil && info.Held {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the MultiLock never took the healthy member")
+		}
+	}
+	for i := range 3 {
+		lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		l, err := other.Mutex(a).Lock(lctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("Mutex %d on the healthy member while the MultiLock waits for the silent one: %v", i, err)
+		}
+		_ = l.Unlock(ctx)
+	}
+	silent.Resume()
+	if err := <-res; err != nil {
+		t.Fatalf("MultiLock once the master answers again: %v", err)
+	}
+}
