@@ -37,7 +37,7 @@ type Lease struct {
 	state    leaseState
 	err      error
 	unlocked bool  // Unlock reached Redis (or found the lease lost)
-	retry    *hold // a hold whose release failed: a later Unlock runs it again
+	retry    []*hold // holds whose release failed: a later Unlock runs them again
 	ctx      context.Context
 	cancel   context.CancelCauseFunc
 }
@@ -55,6 +55,7 @@ type holding struct {
 	mu     sync.Mutex
 	leases []*Lease // held leases, the first one first; empty once let go or ended
 	ended  bool
+	err    error // why end ended it (the error of the hold whose end did)
 }
 
 // A sharer passes one Redis hold of its Client among local holders: a Mutex's cohort (one
@@ -82,14 +83,22 @@ func newHolding(h *hold, co sharer, token uint64, more ...*hold) *holding {
 // holds returns every hold of the holding.
 func (hd *holding) holds() []*hold { return append([]*hold{hd.h}, hd.more...) }
 
-// lossErr is why the holding's first lost hold was lost (nil while all hold).
+// lossErr is why the holding ended: the error it ended with, else that of the first of its
+// holds no longer held, else a generic loss of its first hold (for a caller that knows it
+// ended).
 func (hd *holding) lossErr() error {
+	hd.mu.Lock()
+	err := hd.err
+	hd.mu.Unlock()
+	if err != nil {
+		return err
+	}
 	for _, x := range hd.holds() {
-		if err := x.lossErr(); err != nil {
-			return err
+		if !x.isHeld() {
+			return x.lossErr()
 		}
 	}
-	return nil
+	return hd.h.lossErr()
 }
 
 func (hd *holding) valid() bool {
@@ -151,6 +160,9 @@ func (hd *holding) end(err error) {
 	hd.mu.Lock()
 	leases := hd.leases
 	hd.leases, hd.ended = nil, true
+	if hd.err == nil {
+		hd.err = err
+	}
 	hd.mu.Unlock()
 	for _, l := range leases {
 		l.finish(err, false)
@@ -382,8 +394,10 @@ func (l *Lease) Unlock(ctx context.Context) error {
 		return fmt.Errorf("%w: %q: already unlocked", ErrNotHeld, l.ref.name)
 	case lostErr != nil:
 		return fmt.Errorf("%w: %w", ErrNotHeld, lostErr)
-	case retry != nil:
-		return l.finishRelease(ctx, retry)
+	case len(retry) > 0 && len(l.hd.more) > 0:
+		return l.releaseMembers(ctx, retry, nil)
+	case len(retry) > 0:
+		return l.finishRelease(ctx, retry[0])
 	case state != leaseHeld:
 		return fmt.Errorf("%w: %q: already unlocked", ErrNotHeld, l.ref.name)
 	}
@@ -415,7 +429,7 @@ func (l *Lease) finishRelease(ctx context.Context, h *hold) error {
 		h.end(nil, false)
 		h.releaseLater() // until Redis answers or the TTL has run out
 		l.mu.Lock()
-		l.retry = h
+		l.retry = []*hold{h}
 		l.mu.Unlock()
 		l.finish(nil, false) // ended locally; a later Unlock retries the release at once
 		return fmt.Errorf("%w (dlock retries the release in the background; the lock expires within its TTL otherwise)", redisErr("unlock", l.ref.name, err))

@@ -439,10 +439,8 @@ func releaseAll(ctx context.Context, hs []*hold) ([]int, []error) {
 }
 
 // unlockAll releases every member hold of a MultiLock lease: Unlock's work when the lease has
-// several holds. A failed release is retried in the background (a later Unlock reports the
-// lease as unlocked).
+// several holds.
 func (l *Lease) unlockAll(ctx context.Context) error {
-	var errs []error
 	var lost error
 	var releasing []*hold
 	for _, h := range l.hd.holds() {
@@ -452,12 +450,23 @@ func (l *Lease) unlockAll(ctx context.Context) error {
 		}
 		releasing = append(releasing, h)
 	}
-	ns, rerrs := releaseAll(ctx, releasing)
-	for i, h := range releasing {
+	return l.releaseMembers(ctx, releasing, lost)
+}
+
+// releaseMembers runs the releases of a MultiLock lease's member holds hs and ends the lease
+// by their answers: lost if a member was (lost, or a release answering that the hold is gone).
+// A release that got no answer is retried in the background, and at once by a later Unlock
+// (the lease keeps those holds) unless a member was lost; its error is returned either way.
+func (l *Lease) releaseMembers(ctx context.Context, hs []*hold, lost error) error {
+	ns, rerrs := releaseAll(ctx, hs)
+	var errs []error
+	var failed []*hold
+	for i, h := range hs {
 		switch {
 		case rerrs[i] != nil:
 			h.end(nil, false)
 			h.releaseLater()
+			failed = append(failed, h)
 			errs = append(errs, redisErr("unlock", h.name, rerrs[i]))
 		case ns[i] == 0:
 			gone := leaseLost(h.name, errKeyGone)
@@ -467,14 +476,22 @@ func (l *Lease) unlockAll(ctx context.Context) error {
 			h.end(nil, false)
 		}
 	}
+	retrying := "dlock retries the release in the background; the lock expires within its TTL otherwise"
 	if lost != nil {
 		l.finish(lost, true)
+		if len(errs) > 0 {
+			return fmt.Errorf("%w: %w; %w (%s)", ErrNotHeld, lost, join(errs...), retrying)
+		}
 		return fmt.Errorf("%w: %w", ErrNotHeld, lost)
 	}
-	l.finish(nil, true)
-	if len(errs) > 0 {
-		return fmt.Errorf("%w (dlock retries the release in the background; the lock expires within its TTL otherwise)", join(errs...))
+	if len(failed) > 0 {
+		l.mu.Lock()
+		l.retry = failed
+		l.mu.Unlock()
+		l.finish(nil, false) // ended locally; a later Unlock retries the failed releases at once
+		return fmt.Errorf("%w (%s)", join(errs...), retrying)
 	}
+	l.finish(nil, true)
 	return nil
 }
 

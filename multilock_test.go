@@ -345,3 +345,26 @@ func TestMultiLockWaitingOnASilentMasterHoldsNoOtherMember(t *testing.T) {
 		t.Fatalf("MultiLock once the master answers again: %v", err)
 	}
 }
+
+// An Unlock whose releases get no answer (here: its ctx had ended) is retried at once by the
+// next Unlock, for a MultiLock lease as for a Mutex's: it returns nil and every member is free
+// for another owner. Found by review.
+func TestMultiLockUnlockAgainRetriesTheFailedReleases(t *testing.T) {
+	c, _ := newClient(t)
+	ctx := ctxT(t)
+	n := redistest.Name(t)
+	names := []string{n + "a", n + "b"}
+	l := must(t)(c.MultiLock(names).Lock(ctx))
+	dead, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := l.Unlock(dead); !errors.Is(err, dlock.ErrUnavailable) && !errors.Is(err, context.Canceled) {
+		t.Fatalf("Unlock with an ended ctx: %v, want it to fail", err)
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatalf("second Unlock: %v, want nil (the releases retried at once)", err)
+	}
+	if err := l.Unlock(ctx); !errors.Is(err, dlock.ErrNotHeld) {
+		t.Fatalf("third Unlock: %v, want ErrNotHeld", err)
+	}
+	_ = must(t)(c.MultiLock(names).TryLock(ctx)).Unlock(ctx)
+}
