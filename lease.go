@@ -36,7 +36,7 @@ type Lease struct {
 	mu       sync.Mutex
 	state    leaseState
 	err      error
-	unlocked bool  // Unlock reached Redis (or found the lease lost)
+	unlocked bool    // Unlock reached Redis (or found the lease lost)
 	retry    []*hold // holds whose release failed: a later Unlock runs them again
 	ctx      context.Context
 	cancel   context.CancelCauseFunc
