@@ -249,9 +249,9 @@ func (c *Client) passStep(ctx context.Context, s holdSpec, holding bool) (*hold,
 	done := make(chan result, 1)
 	var decided atomic.Bool // set by whichever comes first: the result, or the caller giving up
 	sctx, cancel := context.WithTimeout(ctx, multiStepTimeout)
+	defer cancel() // once we have the result, or gave up on it
 	go func() {
 		defer c.wg.Done()
-		defer cancel()
 		h, _, err := c.tryHold(sctx, s, false)
 		if decided.CompareAndSwap(false, true) {
 			done <- result{h, err}
@@ -264,7 +264,7 @@ func (c *Client) passStep(ctx context.Context, s holdSpec, holding bool) (*hold,
 	defer t.Stop()
 	select {
 	case r := <-done:
-		if r.err != nil && ctx.Err() == nil && sctx.Err() != nil {
+		if r.err != nil && ctx.Err() == nil && errors.Is(sctx.Err(), context.DeadlineExceeded) {
 			return nil, slow
 		}
 		return r.h, r.err

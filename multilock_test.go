@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -195,6 +197,20 @@ func TestMultiLockAcrossClusterSlots(t *testing.T) {
 	}
 	l2 := must(t)(c.MultiLock(names).TryLock(ctx))
 	_ = l2.Unlock(ctx)
+	// A later member held by another owner: TryLock says so (member by member here, each
+	// member's attempt answered at once), and gives back the members it took.
+	last := slices.Max(names) // taken last: the pass holds the others when it gets there
+	held := must(t)(c.Mutex(last).Lock(ctx))
+	for range 20 {
+		_, err := c.MultiLock(names).TryLock(ctx)
+		if !errors.Is(err, dlock.ErrNotObtained) || errors.Is(err, dlock.ErrUnavailable) || !strings.Contains(err.Error(), last) {
+			t.Fatalf("TryLock with member %s held: %v, want ErrNotObtained naming it", last, err)
+		}
+	}
+	_ = held.Unlock(ctx)
+	for _, n := range names {
+		_ = must(t)(c.Mutex(n).TryLock(ctx)).Unlock(ctx)
+	}
 }
 
 // Contexts and MultiLocks (found by review): a MultiLock lease's context never lets another
