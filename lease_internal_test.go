@@ -28,7 +28,7 @@ func TestMultiLockLeaseEndedAtOnceNamesTheLostMember(t *testing.T) {
 	}
 	var together atomic.Bool
 	together.Store(true)
-	hs, err := c.takeAll(ctx, specs, &together, false)
+	hs, err := c.takeAll(ctx, specs, &together, false, ml.ids.call)
 	if err != nil {
 		t.Fatal(err)
 	}

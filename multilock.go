@@ -46,8 +46,8 @@ var errSlowMember = errors.New("no answer while the MultiLock held members befor
 // a member whose node does not answer (down, paused) is then waited for alone, holding nothing.
 // After waiting multiPatience (5 ms) it stops giving way: it takes the members in name order,
 // waiting in each one's queue and keeping what it has (a Mutex on an earlier member then waits
-// for it), which every MultiLock does in the same order, so two of them never wait for each
-// other. (Code that nests plain Mutexes on the same names in another order can still deadlock
+// for it, also while a later member's node is silent), which every MultiLock does in the same
+// order, so two of them never wait for each other. (Code that nests plain Mutexes on the same names in another order can still deadlock
 // with it then, as with any ordered locking.)
 //
 // The lease is the same *Lease as a Mutex's, over all members: it is lost as soon as any member
@@ -128,7 +128,7 @@ func (ml *MultiLock) lock(ctx context.Context, wait bool) (*Lease, error) {
 		for i, n := range ml.names {
 			specs[i] = holdSpec{name: n, keys: ml.keys[i], cfg: ml.cfg, owner: owner, reentrant: ml.cfg.ownerSet}
 		}
-		hs, err := ml.c.takeAll(ctx, specs, &ml.together, wait)
+		hs, err := ml.c.takeAll(ctx, specs, &ml.together, wait, ml.ids.call)
 		if err != nil {
 			return nil, err
 		}
@@ -140,8 +140,9 @@ func (ml *MultiLock) lock(ctx context.Context, wait bool) (*Lease, error) {
 
 // takeAll takes a hold on every spec (sorted by name) or none; see MultiLock for the waiting.
 // together says the members share a slot, so a pass may take them in one script (cleared when
-// the server refuses that: a proxy that shards a single endpoint's keys).
-func (c *Client) takeAll(ctx context.Context, specs []holdSpec, together *atomic.Bool, wait bool) ([]*hold, error) {
+// the server refuses that: a proxy that shards a single endpoint's keys). newOwner gives the
+// call a fresh owner id once an attempt it gave up may still reach Redis (see errSlowMember).
+func (c *Client) takeAll(ctx context.Context, specs []holdSpec, together *atomic.Bool, wait bool, newOwner func() string) ([]*hold, error) {
 	taken := make([]*hold, len(specs))
 	start := c.now()
 	backoff := time.Duration(0)
@@ -183,7 +184,17 @@ func (c *Client) takeAll(ctx context.Context, specs []holdSpec, together *atomic
 		switch {
 		case errors.Is(err, errSlowMember):
 			// Wait for that member alone (its node answers slowly, or not yet), holding
-			// nothing meanwhile, however long the patience has run.
+			// nothing meanwhile, however long the patience has run. The given-up attempt may
+			// still reach Redis: from now on the call is another owner, so that attempt
+			// meets a foreign hold (acquire would take a hold of its own owner without its
+			// mark for a stale one of ours, and drop it) and its hold is given back.
+			// A WithOwner id stays: its holds are counted, so that attempt is one more.
+			if !specs[0].reentrant {
+				owner := newOwner()
+				for k := range specs {
+					specs[k].owner = owner
+				}
+			}
 			backoff, blocking, slow = 0, i, true
 		case errors.Is(err, ErrUnavailable):
 			// Wait it out as Lock does (a failover): back off, then a new pass.
@@ -264,8 +275,8 @@ func (c *Client) passStep(ctx context.Context, s holdSpec, holding bool) (*hold,
 	defer t.Stop()
 	select {
 	case r := <-done:
-		if r.err != nil && ctx.Err() == nil && errors.Is(sctx.Err(), context.DeadlineExceeded) {
-			return nil, slow
+		if r.err != nil && ctx.Err() == nil && errors.Is(r.err, context.DeadlineExceeded) {
+			return nil, slow // cut short by the step's deadline (go-redis's ContextTimeoutEnabled)
 		}
 		return r.h, r.err
 	case <-t.C:
@@ -273,6 +284,9 @@ func (c *Client) passStep(ctx context.Context, s holdSpec, holding bool) (*hold,
 	}
 	if !decided.CompareAndSwap(false, true) {
 		r := <-done // the result came first after all
+		if r.err != nil && ctx.Err() == nil && errors.Is(r.err, context.DeadlineExceeded) {
+			return nil, slow
+		}
 		return r.h, r.err
 	}
 	if err := ctx.Err(); err != nil {

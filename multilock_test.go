@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
+	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -383,4 +386,98 @@ func TestMultiLockUnlockAgainRetriesTheFailedReleases(t *testing.T) {
 		t.Fatalf("third Unlock: %v, want ErrNotHeld", err)
 	}
 	_ = must(t)(c.MultiLock(names).TryLock(ctx)).Unlock(ctx)
+}
+
+// delayConn delays, once, the write of the first command that matches.
+type delayConn struct {
+	net.Conn
+	match func(string) bool
+	armed *atomic.Bool
+	delay time.Duration
+}
+
+func (c *delayConn) Write(p []byte) (int, error) {
+	if c.armed.Load() && c.match(string(p)) && c.armed.CompareAndSwap(true, false) {
+		time.Sleep(c.delay)
+	}
+	return c.Conn.Write(p)
+}
+
+// A pass gives up an attempt on a slow member after 200 ms, waits for that member alone and
+// gets it; the given-up attempt, reaching Redis only then, must not touch the MultiLock's hold
+// (as the call's own owner it would have been taken for a stale hold of ours and dropped: the
+// member free while the lease says it is held). With and without push loss detection (without
+// it the overlap would last until a renewal), and with a WithOwner id, which the call keeps
+// (its holds are counted: the late attempt is one more, given back). Found by review.
+func TestMultiLockGivenUpAttemptArrivingLateLeavesTheLeaseAlone(t *testing.T) {
+	for _, tc := range []struct {
+		push  bool
+		owner string
+	}{{false, ""}, {true, ""}, {true, "fixed-owner"}} {
+		push := tc.push
+		t.Run(fmt.Sprintf("push %v owner %q", push, tc.owner), func(t *testing.T) {
+			srv := redistest.Shared(t)
+			ctx := ctxT(t)
+			n := redistest.Name(t)
+			a, b := n+"a", n+"b"
+			bKey := lockKey(b)
+			user := "late" + strconv.FormatInt(time.Now().UnixNano(), 36)
+			var rules []string
+			for _, r := range minimalACL {
+				if r != "+client|tracking" || push {
+					rules = append(rules, r)
+				}
+			}
+			if err := srv.AddACLUser(ctx, user, "pw", rules...); err != nil {
+				t.Fatal(err)
+			}
+			var armed atomic.Bool
+			o := srv.Options()
+			o.Username, o.Password = user, "pw"
+			o.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
+				cn, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+				if err != nil {
+					return nil, err
+				}
+				return &delayConn{Conn: cn, armed: &armed, delay: 800 * time.Millisecond, match: func(s string) bool {
+					// the acquire of b alone (its fence and op log keys), not a one-script pass
+					f, l := strings.Index(s, bKey+":fence"), strings.Index(s, bKey+":log")
+					return f >= 0 && l > f && !strings.Contains(s, lockKey(a))
+				}}, nil
+			}
+			rdb := redis.NewClient(o)
+			defer rdb.Close()
+			c := dlock.New(rdb, dlock.WithLogger(slog.New(newLogRecords())))
+			defer c.Close(context.Background())
+			other, raw := newClient(t)
+			// A dead waiter in b's queue: the one-script pass answers -1, so the pass goes
+			// member by member (a, then b while holding a).
+			raw.ZAdd(ctx, bKey+":queue", redis.Z{Score: 1, Member: "ghost"})
+			raw.HSet(ctx, bKey+":live", "ghost", 0)
+			raw.PExpire(ctx, bKey+":queue", time.Minute)
+			raw.PExpire(ctx, bKey+":live", time.Minute)
+			armed.Store(true)
+			var opts []dlock.Option
+			if tc.owner != "" {
+				opts = append(opts, dlock.WithOwner(tc.owner))
+			}
+			l := must(t)(c.MultiLock([]string{a, b}, opts...).Lock(ctx))
+			defer l.Unlock(ctx)
+			// The delayed attempt reaches Redis about 800 ms after it was sent; no event tells.
+			time.Sleep(time.Second)
+			if err := l.Err(); err != nil {
+				t.Fatalf("the MultiLock lease was lost by its own given-up attempt: %v", err)
+			}
+			if m, err := other.Mutex(b).TryLock(ctx); err == nil {
+				_ = m.Unlock(ctx)
+				t.Fatalf("another Client got member %q while the MultiLock lease on it is valid", b)
+			}
+			if err := l.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if all := raw.HGetAll(ctx, bKey).Val(); len(all) != 0 {
+				t.Fatalf("member %q still held after Unlock: %v", b, all)
+			}
+		})
+	}
 }

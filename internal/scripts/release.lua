@@ -116,8 +116,7 @@ if ARGV[8] == '1' then
   if redis.call('EXISTS', KEYS[1]) == 0 then
     -- The lock is free (freed for us, first in line, to compete for: "w"): whoever is first
     -- in line now must hear of it, or it sleeps until its next refresh.
-    hand_on()
-    return 0
+    return hand_on()
   end
   if rw and f and f[3] == 'r' then
     -- A writer leaving from the head of the queue lets the readers behind it in.
