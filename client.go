@@ -26,15 +26,19 @@ const CloseTimeout = 2 * time.Second
 // per Redis node for release wake-ups and lease-loss pushes. Create one per process and
 // share it; it is safe for concurrent use. Close it to stop that work.
 type Client struct {
-	rdb        redis.UniversalClient
-	cfg        config
-	err        error  // invalid client options, reported by every Lock and TryLock
-	id         string // the owner id of this Client's cohorts (128-bit random)
-	nonce      string // random per Client, so hold ids never repeat across processes
-	seq        atomic.Uint64
-	renew      *renewer
-	publishCmd string // PUBLISH, or SPUBLISH on Redis Cluster
-	clock      func() time.Time
+	rdb redis.UniversalClient
+	cfg config
+	err error  // invalid client options, reported by every Lock and TryLock
+	id  string // the owner id of this Client's cohorts (128-bit random)
+	// cohortEpoch suffixes the cohorts' owner ids once an attempt of one had an unknown
+	// outcome (cohort.renewOwnerLocked), so that attempt, reaching Redis late, is a stranger
+	// to every later hold of the Client's cohorts.
+	cohortEpoch atomic.Uint64
+	nonce       string // random per Client, so hold ids never repeat across processes
+	seq         atomic.Uint64
+	renew       *renewer
+	publishCmd  string // PUBLISH, or SPUBLISH on Redis Cluster
+	clock       func() time.Time
 
 	log *slog.Logger
 

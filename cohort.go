@@ -36,7 +36,8 @@ const (
 type cohort struct {
 	c    *Client
 	key  string   // in the Client's table: lock key + settings (cohortVariant)
-	spec holdSpec // owner: the Client's id (+ settings); cfg: the handles' settings
+	spec holdSpec // owner: the Client's id (+ settings, + epoch); cfg: the handles' settings
+	base string   // the owner id without epoch
 
 	mu      sync.Mutex
 	dead    bool // removed from the Client's table; callers must look up afresh
@@ -69,8 +70,9 @@ func (c *Client) cohortFor(m *Mutex) *cohort {
 	co := c.cohorts[m.cohort]
 	if co == nil {
 		k := lockKeys(m.cfg.keyPrefix(), m.name)
-		owner := c.id + m.cohort[len(m.keys.lock):]
-		co = &cohort{c: c, key: m.cohort, spec: holdSpec{name: m.name, keys: k, cfg: m.cfg, owner: owner, reentrant: false}}
+		base := c.id + m.cohort[len(m.keys.lock):]
+		co = &cohort{c: c, key: m.cohort, base: base, spec: holdSpec{name: m.name, keys: k, cfg: m.cfg,
+			owner: epochOwner(base, c.cohortEpoch.Load()), reentrant: false}}
 		c.cohorts[m.cohort] = co
 	}
 	return co
@@ -139,10 +141,14 @@ func (co *cohort) lock(ctx context.Context, m *Mutex, wait bool) (l *Lease, w *c
 	if co.h == nil && !co.busy && len(co.queue) == 0 {
 		// Idle: try Redis from this goroutine, saving a hand-off in the uncontended case.
 		co.busy = true
+		spec := co.spec
 		co.mu.Unlock()
-		h, _, err := co.c.tryHold(ctx, co.spec, false)
+		h, _, err := co.c.tryHold(ctx, spec, false)
 		co.mu.Lock()
 		co.busy = false
+		if err != nil && !isRedisReply(err) {
+			co.renewOwnerLocked()
+		}
 		if h != nil && co.installLocked(h, false) {
 			l := co.grantLocked(ctx, m)
 			co.mu.Unlock()
@@ -246,11 +252,16 @@ func (co *cohort) acquire(ctx context.Context, cancel context.CancelFunc) {
 	defer cancel()
 	// The acquirer serves goroutines that found the lock taken, often right after this Client
 	// let it go at the end of a batch: it must queue behind the other processes, not barge.
+	co.mu.Lock()
 	s := co.spec
+	co.mu.Unlock()
 	s.noBarge = true
 	h, err := co.c.waitHold(ctx, s, true)
 	co.mu.Lock()
 	co.busy, co.stopAcq = false, nil
+	if h == nil {
+		co.renewOwnerLocked() // its attempts may still be in flight
+	}
 	switch {
 	case h == nil && ctx.Err() != nil && co.c.checkOpen() == nil:
 		co.kickLocked() // the queue emptied; a waiter may have come back since
@@ -272,6 +283,25 @@ func (co *cohort) acquire(ctx context.Context, cancel context.CancelFunc) {
 	}
 	co.retireIfIdleLocked()
 	co.mu.Unlock()
+}
+
+// renewOwnerLocked gives the later holds of the Client's cohorts an owner id of a new epoch,
+// after an attempt whose outcome is unknown (its reply lost, or a wait that ended with attempts
+// in flight). Such an attempt may still reach Redis after a later one took the lock: under the
+// same owner it would take that hold for a stale one of the cohort's (see acquire.lua) and
+// drop it; under another owner it meets a foreign hold, and what it takes itself is undone
+// (abandon, or the wait's leaving). The epoch is the Client's, so a cohort that retires and
+// comes back does not return to the old owner id.
+func (co *cohort) renewOwnerLocked() {
+	co.spec.owner = epochOwner(co.base, co.c.cohortEpoch.Add(1))
+}
+
+// epochOwner is a cohort's owner id in epoch e.
+func epochOwner(base string, e uint64) string {
+	if e == 0 {
+		return base
+	}
+	return base + "~" + strconv.FormatUint(e, 36)
 }
 
 // grantHeadLocked makes the first waiter whose ctx is not done the local holder; waiters that

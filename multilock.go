@@ -144,6 +144,15 @@ func (ml *MultiLock) lock(ctx context.Context, wait bool) (*Lease, error) {
 // call a fresh owner id once an attempt it gave up may still reach Redis (see errSlowMember).
 func (c *Client) takeAll(ctx context.Context, specs []holdSpec, together *atomic.Bool, wait bool, newOwner func() string) ([]*hold, error) {
 	taken := make([]*hold, len(specs))
+	// renewOwner makes the call another owner, when nothing is held (a WithOwner id stays).
+	renewOwner := func() {
+		if !specs[0].reentrant {
+			owner := newOwner()
+			for k := range specs {
+				specs[k].owner = owner
+			}
+		}
+	}
 	start := c.now()
 	backoff := time.Duration(0)
 	for blocking, slow := -1, false; ; {
@@ -189,15 +198,14 @@ func (c *Client) takeAll(ctx context.Context, specs []holdSpec, together *atomic
 			// meets a foreign hold (acquire would take a hold of its own owner without its
 			// mark for a stale one of ours, and drop it) and its hold is given back.
 			// A WithOwner id stays: its holds are counted, so that attempt is one more.
-			if !specs[0].reentrant {
-				owner := newOwner()
-				for k := range specs {
-					specs[k].owner = owner
-				}
-			}
+			renewOwner()
 			backoff, blocking, slow = 0, i, true
 		case errors.Is(err, ErrUnavailable):
-			// Wait it out as Lock does (a failover): back off, then a new pass.
+			// Wait it out as Lock does (a failover): back off, then a new pass, under a fresh
+			// owner if an attempt got no reply (it may still reach Redis; see above).
+			if !isRedisReply(err) {
+				renewOwner()
+			}
 			backoff = min(max(2*backoff, minUnavailableRetry), maxUnavailableRetry)
 			if werr := sleepCtx(ctx, c, backoff); werr != nil {
 				return nil, notObtained(specs[i].name, werr, err)
