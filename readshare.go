@@ -171,6 +171,12 @@ func (c *Client) startRead(ctx context.Context, rw *RWMutex, p *pendingRead) (un
 	if errors.Is(err, ErrUnavailable) {
 		unavailable = err
 	}
+	if err != nil && !isRedisReply(err) {
+		// The attempt may still reach Redis: the wait is another owner, to which it is a
+		// stranger.
+		s = rw.shareSpec()
+		s.observer = p
+	}
 	switch {
 	case h != nil:
 		c.endWait(p, h, nil)

@@ -25,7 +25,9 @@
 -- ARGV[9] PUBLISH or SPUBLISH
 -- ARGV[10] "1" if the owner re-enters its own holds (counted); "0" for a Client's cohort,
 --          whose own hold still found in Redis is stale (it lost track of it) and is re-taken
---          as a fresh hold with a new token block
+--          as a fresh hold with a new token block, if an earlier call took it (hold ids grow
+--          per Client); a hold a later call took means this command came late: it changes
+--          nothing
 -- ARGV[11] queue keys' TTL in ms: a queue no waiter refreshes for this long disappears
 -- ARGV[12] barging window in ms: a caller outside the queue may take a free lock ahead of a
 --          first waiter that has waited less than this (0: never), as a new goroutine may
@@ -94,6 +96,41 @@ local function join(t)
   add_reader(KEYS[1], owner, mark, ARGV[2])
   admit(t)
   return holds(t, 1)
+end
+
+-- hold_seq returns the number of a hold id as the Client makes them (nextHoldID: the Client's
+-- nonce in 16 hex digits, then a number that grows with every id, in base 36) and the nonce;
+-- nil for an id of another form.
+local function hold_seq(id)
+  if #id <= 16 then
+    return nil
+  end
+  local n = tonumber(id:sub(17), 36)
+  if not n then
+    return nil
+  end
+  return n, id:sub(1, 16)
+end
+
+-- later_own_hold reports whether the lock has a hold of owner (reading: its reader marks)
+-- whose id its Client made after id. An owner that never re-enters (a Client's cohort, a
+-- MultiLock call, a shared read hold) is one Client's, so its ids are comparable: a hold of it
+-- without this call's mark is stale only if an earlier call took it. Read only on that path.
+local function later_own_hold(k_lock, who, id, reading)
+  local n, nonce = hold_seq(id)
+  if not n then
+    return false
+  end
+  local all = redis.call('HGETALL', k_lock)
+  for i = 1, #all, 2 do
+    if is_mark(all[i]) and (not reading or all[i + 1] == who) then
+      local m, other = hold_seq(all[i]:sub(2))
+      if m and other == nonce and m > n then
+        return true
+      end
+    end
+  end
+  return false
 end
 
 local function queue_up(foreign)
@@ -269,8 +306,13 @@ if f[1] then
     end
   end
   if ARGV[10] ~= '1' then
-    -- Our own stale hold (its lease already ended where we run): the lock is free of it,
-    -- and the processes queued for it come first.
+    if later_own_hold(KEYS[1], owner, ARGV[3], f[6] == 'r') then
+      -- A later call of ours took it: this command is the one that came late (its reply
+      -- was lost, or go-redis resent it and the resend was answered), and changes nothing.
+      return done({0, redis.call('PTTL', KEYS[1]), 0})
+    end
+    -- Our own stale hold, taken by an earlier call (its lease already ended where we run):
+    -- the lock is free of it, and the processes queued for it come first.
     if f[6] ~= 'r' or drop_reader(KEYS[1], owner) == 0 then
       redis.call('DEL', KEYS[1])
       return take_free()

@@ -1,0 +1,241 @@
+package dlock_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"maps"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/redistest"
+	"github.com/dlock-go/dlock/internal/scripts"
+	"github.com/redis/go-redis/v9"
+)
+
+// Commands of one owner that reach Redis late: an acquire whose reply was lost, or whose first
+// send go-redis resent, arriving after a later call of the same owner took the lock. For an
+// owner that never re-enters (a cohort, a MultiLock call, a shared read hold), acquire.lua would
+// take that hold for a stale one of its own and drop it; it drops it only if an earlier call
+// of the owner took it (hold ids grow per Client). Found by review.
+
+// A Client's shared read wait (readshare.go startRead → waitRead) makes
+// its first attempt with tryHold and, when that gets no reply, goes on waiting under the SAME
+// shareSpec owner. The first attempt, reaching Redis after the wait took the read hold, finds
+// its owner reading without its mark, takes that for a stale hold of its own (ARGV[10] '0'),
+// drops it, and hands the lock to the writer queued behind: the writer is granted while the
+// reader's lease is valid.
+func TestLateFirstAttemptOfASharedReadLeavesTheReadHold(t *testing.T) {
+	ctx := ctxT(t)
+	raw := redistest.Client(t)
+	scripts.Acquire.Load(ctx, raw)
+	scripts.Release.Load(ctx, raw)
+	rdb := redistest.Client(t)
+	hook := &heldBack{}
+	rdb.AddHook(hook)
+	c := dlock.New(rdb)
+	defer c.Close(context.Background())
+	name := redistest.Name(t)
+	r := must(t)(c.RWMutex(name).RLock(ctx)) // first attempt held back; the wait goes on and gets it
+	hook.mu.Lock()
+	late := hook.args
+	hook.mu.Unlock()
+	if late == nil {
+		t.Fatal("no acquire was held back")
+	}
+	other, _ := newClient(t)
+	wch := rwLockAsync(t, other.RWMutex(name), false) // a writer queues behind the reader
+	waitQueueLen(t, raw, name, 1)
+	time.Sleep(10 * time.Millisecond) // past the 4 ms barging window (server time: no event)
+	before := raw.HGetAll(ctx, lockKey(name)).Val()
+	if err := raw.Do(ctx, late...).Err(); err != nil { // the first attempt arrives
+		t.Fatal(err)
+	}
+	after := raw.HGetAll(ctx, lockKey(name)).Val()
+	if !maps.Equal(after, before) {
+		t.Errorf("the late first attempt changed the lock:\n before %v\n after  %v", before, after)
+	}
+	select {
+	case w := <-wch:
+		if w.err == nil {
+			t.Errorf("a writer was granted the lock while the read lease was held (read lease err now: %v)", r.Err())
+			_ = w.l.Unlock(ctx)
+		}
+	case <-time.After(300 * time.Millisecond): // nothing to wait for: no grant may come
+	}
+	_ = r.Unlock(ctx)
+}
+
+// holdBackAll is a go-redis hook that holds back (never sends; the caller gets a transport
+// error) the first n acquires of a Client, recording their arguments.
+type holdBackAll struct {
+	mu   sync.Mutex
+	n    int
+	args [][]any
+}
+
+func (h *holdBackAll) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *holdBackAll) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		args := cmd.Args()
+		if len(args) > 12 && args[0] == "evalsha" && args[1] == scripts.Acquire.Hash() {
+			h.mu.Lock()
+			hold := len(h.args) < h.n
+			if hold {
+				h.args = append(h.args, slices.Clone(args))
+			}
+			h.mu.Unlock()
+			if hold {
+				cmd.SetErr(io.ErrUnexpectedEOF)
+				return io.ErrUnexpectedEOF
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *holdBackAll) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// A wait's attempts without a reply are undone by the next attempt through
+// its undo list (u:<id> marks), but the list is cut to maxUndo (16) ids: the ids cut out are
+// never marked. After 17 attempts without a reply, the wait (a plain Lock: a non-reentrant
+// owner of its own, the same for every attempt) takes the lock; the 2nd attempt, arriving
+// late, finds its owner holding without its mark and drops the hold.
+func TestLateAttemptCutFromAWaitsUndoListLeavesItsHold(t *testing.T) {
+	ctx := ctxT(t)
+	raw := redistest.Client(t)
+	scripts.Acquire.Load(ctx, raw)
+	scripts.Release.Load(ctx, raw)
+	rdb := redistest.Client(t)
+	hook := &holdBackAll{n: 17}
+	rdb.AddHook(hook)
+	c := dlock.New(rdb, dlock.WithoutCohort())
+	defer c.Close(context.Background())
+	name := redistest.Name(t)
+	l := must(t)(c.Mutex(name).Lock(ctx)) // 17 attempts held back, the 18th takes the lock
+	hook.mu.Lock()
+	held := slices.Clone(hook.args)
+	hook.mu.Unlock()
+	if len(held) != 17 {
+		t.Fatalf("%d attempts held back, want 17", len(held))
+	}
+	before := raw.HGetAll(ctx, lockKey(name)).Val()
+	if err := raw.Do(ctx, held[1]...).Err(); err != nil { // the 2nd attempt arrives
+		t.Fatal(err)
+	}
+	after := raw.HGetAll(ctx, lockKey(name)).Val()
+	if !maps.Equal(after, before) {
+		t.Errorf("the late 2nd attempt changed the lock:\n before %v\n after  %v", before, after)
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Errorf("Unlock of the wait's hold: %v", err)
+	}
+	if all := raw.HGetAll(ctx, lockKey(name)).Val(); len(all) != 0 {
+		t.Errorf("lock still held after the only lease's Unlock: %v", all)
+	}
+}
+
+// asyncDelayConn delivers the first write that matches after delay, in the background, as a
+// network that holds a segment back; the write returns at once (go-redis then times out
+// reading and retries on a new connection). Close waits for the delivery.
+type asyncDelayConn struct {
+	net.Conn
+	match   func(string) bool
+	armed   *atomic.Bool
+	delay   time.Duration
+	mu      sync.Mutex
+	pending chan struct{}
+}
+
+func (c *asyncDelayConn) Write(p []byte) (int, error) {
+	if c.armed.Load() && c.match(string(p)) && c.armed.CompareAndSwap(true, false) {
+		b := slices.Clone(p)
+		done := make(chan struct{})
+		c.mu.Lock()
+		c.pending = done
+		c.mu.Unlock()
+		go func() {
+			defer close(done)
+			time.Sleep(c.delay)
+			_ = c.Conn.SetWriteDeadline(time.Time{}) // go-redis's deadline was for the write it thinks done
+			_, _ = c.Conn.Write(b)
+		}()
+		return len(p), nil
+	}
+	return c.Conn.Write(p)
+}
+
+func (c *asyncDelayConn) Close() error {
+	c.mu.Lock()
+	p := c.pending
+	c.mu.Unlock()
+	if p != nil {
+		go func() { <-p; time.Sleep(50 * time.Millisecond); _ = c.Conn.Close() }()
+		return nil
+	}
+	return c.Conn.Close()
+}
+
+// go-redis (default MaxRetries 3) resends a script after a read timeout.
+// The cohort's TryLock then succeeds on the resend, so it keeps its owner id, while its first
+// send is still on its way. After an Unlock and a new TryLock (same cohort owner, new hold),
+// the first send arrives, takes the new hold for a stale one of the cohort's and drops it.
+func TestLateFirstSendOfAResentAcquireLeavesTheCohortsLaterHold(t *testing.T) {
+	srv := redistest.Shared(t)
+	ctx := ctxT(t)
+	raw := redistest.Client(t)
+	scripts.Acquire.Load(ctx, raw)
+	name := redistest.Name(t)
+	key := lockKey(name)
+	var armed atomic.Bool
+	o := srv.Options()
+	o.MaxRetries = 3 // go-redis's default
+	o.ReadTimeout = 200 * time.Millisecond
+	o.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		cn, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &asyncDelayConn{Conn: cn, armed: &armed, delay: time.Second, match: func(s string) bool {
+			return strings.Contains(s, "evalsha") && strings.Contains(s, scripts.Acquire.Hash()) && strings.Contains(s, key+":fence")
+		}}, nil
+	}
+	rdb := redis.NewClient(o)
+	defer rdb.Close()
+	c := dlock.New(rdb)
+	defer c.Close(context.Background())
+	m := c.Mutex(name)
+	armed.Store(true)
+	l1, err := m.TryLock(ctx)
+	if err != nil {
+		t.Fatalf("TryLock: %v", err)
+	}
+	if err := l1.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l2 := must(t)(m.TryLock(ctx))
+	before := raw.HGetAll(ctx, key).Val()
+	time.Sleep(1500 * time.Millisecond) // the first send arrives (1 s late; no event tells)
+	after := raw.HGetAll(ctx, key).Val()
+	if !maps.Equal(after, before) {
+		t.Errorf("the late first send changed the lock:\n before %v\n after  %v", before, after)
+	}
+	if err := l2.Err(); err != nil {
+		t.Errorf("the cohort's later lease was lost to its own earlier send: %v", err)
+	}
+	if err := l2.Unlock(ctx); err != nil && !errors.Is(err, dlock.ErrNotHeld) {
+		t.Error(err)
+	}
+	if all := raw.HGetAll(ctx, key).Val(); len(all) != 0 {
+		t.Errorf("lock held after the only lease's Unlock: %v", all)
+	}
+}
