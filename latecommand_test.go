@@ -239,3 +239,90 @@ func TestLateFirstSendOfAResentAcquireLeavesTheCohortsLaterHold(t *testing.T) {
 		t.Errorf("lock held after the only lease's Unlock: %v", all)
 	}
 }
+
+// A cohort's TryLock whose first send is delayed (go-redis resends it; the resend is answered):
+// the lease is used and unlocked before the first send arrives. That send finds the lock free:
+// its hold id is among the owner's recent releases, so it takes nothing (it took the lock under
+// a hold nobody tracked, refusing everyone for the lease's TTL).
+func TestLateFirstSendAfterUnlockTakesNothing(t *testing.T) {
+	srv := redistest.Shared(t)
+	ctx := ctxT(t)
+	raw := redistest.Client(t)
+	scripts.Acquire.Load(ctx, raw)
+	name := redistest.Name(t)
+	key := lockKey(name)
+	var armed atomic.Bool
+	o := srv.Options()
+	o.MaxRetries = 3
+	o.ReadTimeout = 200 * time.Millisecond
+	o.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		cn, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &asyncDelayConn{Conn: cn, armed: &armed, delay: time.Second, match: func(s string) bool {
+			return strings.Contains(s, "evalsha") && strings.Contains(s, scripts.Acquire.Hash()) && strings.Contains(s, key+":fence")
+		}}, nil
+	}
+	rdb := redis.NewClient(o)
+	defer rdb.Close()
+	c := dlock.New(rdb)
+	defer c.Close(context.Background())
+	armed.Store(true)
+	l1, err := c.Mutex(name).TryLock(ctx)
+	if err != nil {
+		t.Fatalf("TryLock: %v", err)
+	}
+	if err := l1.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond) // the first send arrives (1 s late; no event tells)
+	if all := raw.HGetAll(ctx, key).Val(); len(all) != 0 {
+		t.Errorf("lock held after the only lease's Unlock: %v (PTTL %v)", all, raw.PTTL(ctx, key).Val())
+	}
+	other, _ := newClient(t)
+	if l, err := other.Mutex(name).TryLock(ctx); err != nil {
+		t.Errorf("another Client is refused a lock nobody holds: %v", err)
+	} else {
+		_ = l.Unlock(ctx)
+	}
+}
+
+func acquireNonReentrant(t *testing.T, rdb *redis.Client, k lockNames, owner, holdID string) []int64 {
+	t.Helper()
+	res, err := scripts.Acquire.Run(ctxT(t), rdb, []string{k.lock, k.fence, k.log, k.queue, k.live},
+		owner, 30000, holdID, 60000, true, 750, k.channel, 500, "PUBLISH", false, 60000, 0, "", 1, "").Int64Slice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+// A cohort's live wait W2 (hold id n+5) is queued; a late queued attempt of the same owner's
+// earlier wait W1 (hold id n+1: its go-redis first send) arrives. It must not rewrite W2's
+// record with its older id (the grant would write hold n+1, which W2 ignores, and W2's next
+// attempt would drop it and grant the lock to Y, which queued after W2).
+func TestLateQueuedAttemptLeavesTheLiveWaitsPlace(t *testing.T) {
+	ctx := ctxT(t)
+	rdb := redistest.Client(t)
+	k := names(t)
+	nonce := "0123456789abcdef"
+	acquireMode(t, rdb, k, "X", "hx", "")
+	if r := acquireNonReentrant(t, rdb, k, "co", nonce+"5"); r[0] != 0 {
+		t.Fatalf("W2 = %v", r)
+	}
+	time.Sleep(5 * time.Millisecond) // Y queues in a later millisecond (server time: no event)
+	if r := acquireMode(t, rdb, k, "Y", "hy", ""); r[0] != 0 {
+		t.Fatalf("Y = %v", r)
+	}
+	acquireNonReentrant(t, rdb, k, "co", nonce+"1") // W1's late first send
+	if p := rdb.HGet(ctx, k.log, "p:co").Val(); !strings.HasPrefix(p, nonce+"5 ") {
+		t.Errorf("the live wait's record was rewritten by an older command: %q", p)
+	}
+	if n := releaseMode(t, rdb, k, "X", "hx", "", false); n != 3 {
+		t.Fatalf("X's release = %d, want 3", n)
+	}
+	if r := acquireNonReentrant(t, rdb, k, "co", nonce+"5"); r[0] != 1 {
+		t.Errorf("W2, first in line, lost the lock: %v; lock now %v", r, rdb.HGetAll(ctx, k.lock).Val())
+	}
+}

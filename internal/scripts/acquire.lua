@@ -217,10 +217,32 @@ local function take_free()
   return queue_up(0)
 end
 
--- An attempt under a hold id given up (a wait's, lib.lua drop_holds, or a call's whose reply
--- was lost and whose clean-up ran first, release.lua), reaching Redis only after that: it
--- must change nothing.
-if redis.call('HEXISTS', KEYS[3], 'u:' .. ARGV[3]) == 1 then
+-- released_before reports whether the owner released a hold under this call's id (among its
+-- recent releases, release.lua).
+local function released_before()
+  for id in string.gmatch(redis.call('HGET', KEYS[3], 'r:' .. owner) or '', '%S+') do
+    if id == ARGV[3] then
+      return true
+    end
+  end
+  return false
+end
+
+-- later_record reports whether our place's record names a hold id our Client made after this
+-- call's: a later attempt of a wait of ours recorded it.
+local function later_record()
+  local rec = redis.call('HGET', KEYS[3], record)
+  local n, nonce = hold_seq(rec and rec:match('^(%S+)') or '')
+  local m, ours = hold_seq(ARGV[3])
+  return n ~= nil and m ~= nil and nonce == ours and n > m
+end
+
+-- A command that came late must change nothing: one under a hold id given up (a wait's, lib.lua
+-- drop_holds, or a call's whose reply was lost and whose clean-up ran first, release.lua), one
+-- whose hold was taken and released already (the first send of a call go-redis resent, the
+-- resend answered), or a queued attempt older than the one that recorded our place.
+if redis.call('HEXISTS', KEYS[3], 'u:' .. ARGV[3]) == 1 or released_before()
+    or (ARGV[5] == '1' and later_record()) then
   return {0, redis.call('PTTL', KEYS[1]), 0}
 end
 
