@@ -146,7 +146,7 @@ func (co *cohort) lock(ctx context.Context, m *Mutex, wait bool) (l *Lease, w *c
 		h, _, err := co.c.tryHold(ctx, spec, false)
 		co.mu.Lock()
 		co.busy = false
-		if err != nil && !isRedisReply(err) {
+		if unknownOutcome(err) {
 			co.renewOwnerLocked()
 		}
 		if h != nil && co.installLocked(h, false) {
@@ -259,8 +259,8 @@ func (co *cohort) acquire(ctx context.Context, cancel context.CancelFunc) {
 	h, err := co.c.waitHold(ctx, s, true)
 	co.mu.Lock()
 	co.busy, co.stopAcq = false, nil
-	if h == nil {
-		co.renewOwnerLocked() // its attempts may still be in flight
+	if h == nil && unknownOutcome(err) {
+		co.renewOwnerLocked() // its last attempt may still be on its way
 	}
 	switch {
 	case h == nil && ctx.Err() != nil && co.c.checkOpen() == nil:
@@ -294,6 +294,12 @@ func (co *cohort) acquire(ctx context.Context, cancel context.CancelFunc) {
 // comes back does not return to the old owner id.
 func (co *cohort) renewOwnerLocked() {
 	co.spec.owner = epochOwner(co.base, co.c.cohortEpoch.Add(1))
+}
+
+// unknownOutcome reports an error of a Redis call that may yet run, or have run: a transport
+// error (ErrUnavailable that is not Redis's own reply), not an answer such as "not obtained".
+func unknownOutcome(err error) bool {
+	return errors.Is(err, ErrUnavailable) && !isRedisReply(err)
 }
 
 // epochOwner is a cohort's owner id in epoch e.

@@ -326,3 +326,28 @@ func TestLateQueuedAttemptLeavesTheLiveWaitsPlace(t *testing.T) {
 		t.Errorf("W2, first in line, lost the lock: %v; lock now %v", r, rdb.HGetAll(ctx, k.lock).Val())
 	}
 }
+
+// Only an attempt whose outcome is unknown moves a Client's cohorts to a new owner id: refusals
+// ("not obtained", a definite answer) leave it as it is, so a contended lock's op log does not
+// fill with the records of ever new owners.
+func TestCohortOwnerStaysAcrossRefusals(t *testing.T) {
+	c, _ := newClient(t)
+	other, _ := newClient(t)
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	first := must(t)(c.Mutex(name).TryLock(ctx))
+	owner := first.Owner()
+	_ = first.Unlock(ctx)
+	held := must(t)(other.Mutex(name).Lock(ctx))
+	for range 5 {
+		if _, err := c.Mutex(name).TryLock(ctx); !errors.Is(err, dlock.ErrNotObtained) {
+			t.Fatalf("TryLock of a held lock: %v", err)
+		}
+	}
+	_ = held.Unlock(ctx)
+	l := must(t)(c.Mutex(name).TryLock(ctx))
+	defer l.Unlock(ctx)
+	if l.Owner() != owner {
+		t.Fatalf("cohort owner %q after refusals, was %q", l.Owner(), owner)
+	}
+}

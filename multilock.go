@@ -203,7 +203,7 @@ func (c *Client) takeAll(ctx context.Context, specs []holdSpec, together *atomic
 		case errors.Is(err, ErrUnavailable):
 			// Wait it out as Lock does (a failover): back off, then a new pass, under a fresh
 			// owner if an attempt got no reply (it may still reach Redis; see above).
-			if !isRedisReply(err) {
+			if unknownOutcome(err) {
 				renewOwner()
 			}
 			backoff = min(max(2*backoff, minUnavailableRetry), maxUnavailableRetry)

@@ -171,7 +171,7 @@ func (c *Client) startRead(ctx context.Context, rw *RWMutex, p *pendingRead) (un
 	if errors.Is(err, ErrUnavailable) {
 		unavailable = err
 	}
-	if err != nil && !isRedisReply(err) {
+	if unknownOutcome(err) {
 		// The attempt may still reach Redis: the wait is another owner, to which it is a
 		// stranger.
 		s = rw.shareSpec()
