@@ -3,7 +3,6 @@ package dlock_test
 import (
 	"context"
 	"errors"
-	"io"
 	"maps"
 	"net"
 	"slices"
@@ -37,18 +36,17 @@ func TestLateFirstAttemptOfASharedReadLeavesTheReadHold(t *testing.T) {
 	scripts.Acquire.Load(ctx, raw)
 	scripts.Release.Load(ctx, raw)
 	rdb := redistest.Client(t)
-	hook := &heldBack{}
+	hook := &heldBack{n: 1, cleanUps: true}
 	rdb.AddHook(hook)
 	c := dlock.New(rdb)
 	defer c.Close(context.Background())
 	name := redistest.Name(t)
 	r := must(t)(c.RWMutex(name).RLock(ctx)) // first attempt held back; the wait goes on and gets it
-	hook.mu.Lock()
-	late := hook.args
-	hook.mu.Unlock()
-	if late == nil {
+	held := hook.held()
+	if len(held) != 1 {
 		t.Fatal("no acquire was held back")
 	}
+	late := held[0]
 	other, _ := newClient(t)
 	wch := rwLockAsync(t, other.RWMutex(name), false) // a writer queues behind the reader
 	waitQueueLen(t, raw, name, 1)
@@ -72,39 +70,6 @@ func TestLateFirstAttemptOfASharedReadLeavesTheReadHold(t *testing.T) {
 	_ = r.Unlock(ctx)
 }
 
-// holdBackAll is a go-redis hook that holds back (never sends; the caller gets a transport
-// error) the first n acquires of a Client, recording their arguments.
-type holdBackAll struct {
-	mu   sync.Mutex
-	n    int
-	args [][]any
-}
-
-func (h *holdBackAll) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h *holdBackAll) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		args := cmd.Args()
-		if len(args) > 12 && args[0] == "evalsha" && args[1] == scripts.Acquire.Hash() {
-			h.mu.Lock()
-			hold := len(h.args) < h.n
-			if hold {
-				h.args = append(h.args, slices.Clone(args))
-			}
-			h.mu.Unlock()
-			if hold {
-				cmd.SetErr(io.ErrUnexpectedEOF)
-				return io.ErrUnexpectedEOF
-			}
-		}
-		return next(ctx, cmd)
-	}
-}
-
-func (h *holdBackAll) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-
 // A wait's attempts without a reply are undone by the next attempt through
 // its undo list (u:<id> marks), but the list is cut to maxUndo (16) ids: the ids cut out are
 // never marked. After 17 attempts without a reply, the wait (a plain Lock: a non-reentrant
@@ -116,15 +81,13 @@ func TestLateAttemptCutFromAWaitsUndoListLeavesItsHold(t *testing.T) {
 	scripts.Acquire.Load(ctx, raw)
 	scripts.Release.Load(ctx, raw)
 	rdb := redistest.Client(t)
-	hook := &holdBackAll{n: 17}
+	hook := &heldBack{n: 17}
 	rdb.AddHook(hook)
 	c := dlock.New(rdb, dlock.WithoutCohort())
 	defer c.Close(context.Background())
 	name := redistest.Name(t)
 	l := must(t)(c.Mutex(name).Lock(ctx)) // 17 attempts held back, the 18th takes the lock
-	hook.mu.Lock()
-	held := slices.Clone(hook.args)
-	hook.mu.Unlock()
+	held := hook.held()
 	if len(held) != 17 {
 		t.Fatalf("%d attempts held back, want 17", len(held))
 	}
@@ -190,31 +153,11 @@ func (c *asyncDelayConn) Close() error {
 // send is still on its way. After an Unlock and a new TryLock (same cohort owner, new hold),
 // the first send arrives, takes the new hold for a stale one of the cohort's and drops it.
 func TestLateFirstSendOfAResentAcquireLeavesTheCohortsLaterHold(t *testing.T) {
-	srv := redistest.Shared(t)
 	ctx := ctxT(t)
-	raw := redistest.Client(t)
-	scripts.Acquire.Load(ctx, raw)
 	name := redistest.Name(t)
 	key := lockKey(name)
-	var armed atomic.Bool
-	o := srv.Options()
-	o.MaxRetries = 3 // go-redis's default
-	o.ReadTimeout = 200 * time.Millisecond
-	o.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		cn, err := (&net.Dialer{}).DialContext(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		return &asyncDelayConn{Conn: cn, armed: &armed, delay: time.Second, match: func(s string) bool {
-			return strings.Contains(s, "evalsha") && strings.Contains(s, scripts.Acquire.Hash()) && strings.Contains(s, key+":fence")
-		}}, nil
-	}
-	rdb := redis.NewClient(o)
-	defer rdb.Close()
-	c := dlock.New(rdb)
-	defer c.Close(context.Background())
+	c, raw := resendingClient(t, key)
 	m := c.Mutex(name)
-	armed.Store(true)
 	l1, err := m.TryLock(ctx)
 	if err != nil {
 		t.Fatalf("TryLock: %v", err)
@@ -245,30 +188,10 @@ func TestLateFirstSendOfAResentAcquireLeavesTheCohortsLaterHold(t *testing.T) {
 // its hold id is among the owner's recent releases, so it takes nothing (it took the lock under
 // a hold nobody tracked, refusing everyone for the lease's TTL).
 func TestLateFirstSendAfterUnlockTakesNothing(t *testing.T) {
-	srv := redistest.Shared(t)
 	ctx := ctxT(t)
-	raw := redistest.Client(t)
-	scripts.Acquire.Load(ctx, raw)
 	name := redistest.Name(t)
 	key := lockKey(name)
-	var armed atomic.Bool
-	o := srv.Options()
-	o.MaxRetries = 3
-	o.ReadTimeout = 200 * time.Millisecond
-	o.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		cn, err := (&net.Dialer{}).DialContext(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		return &asyncDelayConn{Conn: cn, armed: &armed, delay: time.Second, match: func(s string) bool {
-			return strings.Contains(s, "evalsha") && strings.Contains(s, scripts.Acquire.Hash()) && strings.Contains(s, key+":fence")
-		}}, nil
-	}
-	rdb := redis.NewClient(o)
-	defer rdb.Close()
-	c := dlock.New(rdb)
-	defer c.Close(context.Background())
-	armed.Store(true)
+	c, raw := resendingClient(t, key)
 	l1, err := c.Mutex(name).TryLock(ctx)
 	if err != nil {
 		t.Fatalf("TryLock: %v", err)
@@ -350,4 +273,33 @@ func TestCohortOwnerStaysAcrossRefusals(t *testing.T) {
 	if l.Owner() != owner {
 		t.Fatalf("cohort owner %q after refusals, was %q", l.Owner(), owner)
 	}
+}
+
+// resendingClient returns a Client whose first acquire on the lock key is delivered 1 s late,
+// in the background, while go-redis (its default MaxRetries, a 200 ms read timeout) resends it
+// and gets the resend answered; and a plain client of the same server.
+func resendingClient(t *testing.T, key string) (*dlock.Client, *redis.Client) {
+	raw := redistest.Client(t)
+	scripts.Acquire.Load(ctxT(t), raw)
+	var armed atomic.Bool
+	armed.Store(true)
+	o := redistest.Shared(t).Options()
+	o.MaxRetries = 3
+	o.ReadTimeout = 200 * time.Millisecond
+	o.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		cn, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &asyncDelayConn{Conn: cn, armed: &armed, delay: time.Second, match: func(s string) bool {
+			return strings.Contains(s, "evalsha") && strings.Contains(s, scripts.Acquire.Hash()) && strings.Contains(s, key+":fence")
+		}}, nil
+	}
+	rdb := redis.NewClient(o)
+	c := dlock.New(rdb)
+	t.Cleanup(func() {
+		_ = c.Close(context.Background())
+		_ = rdb.Close()
+	})
+	return c, raw
 }

@@ -254,12 +254,22 @@ func TestReaderAdmittedByItsNextAttemptLeavesNoGhostHold(t *testing.T) {
 	}
 }
 
-// heldBack is a go-redis hook that holds back a Client's first acquire (as a command stuck on
-// a dead connection: the caller gets a transport error, Redis has not run it yet) and its
-// background clean-up, so a test can deliver the acquire late, after later calls.
+// heldBack is a go-redis hook that holds back a Client's first n acquires (as commands stuck
+// on a dead connection: the caller gets a transport error, Redis has not run them yet), and
+// with cleanUps every background clean-up of one (release "only if acquired"), so a test can
+// deliver them late, after later calls (held returns their arguments).
 type heldBack struct {
-	mu   sync.Mutex
-	args []any // the held-back acquire's arguments
+	n        int
+	cleanUps bool
+	mu       sync.Mutex
+	args     [][]any // the held-back acquires' arguments
+}
+
+// held returns the arguments of the acquires held back so far.
+func (h *heldBack) held() [][]any {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.args)
 }
 
 func (h *heldBack) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -269,13 +279,13 @@ func (h *heldBack) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		args := cmd.Args()
 		if len(args) > 12 && args[0] == "evalsha" {
 			h.mu.Lock()
-			first := args[1] == scripts.Acquire.Hash() && h.args == nil
-			if first {
-				h.args = slices.Clone(args)
+			acquire := args[1] == scripts.Acquire.Hash() && len(h.args) < h.n
+			if acquire {
+				h.args = append(h.args, slices.Clone(args))
 			}
-			cleanUp := args[1] == scripts.Release.Hash() && fmt.Sprint(args[12]) == "true"
+			cleanUp := h.cleanUps && args[1] == scripts.Release.Hash() && fmt.Sprint(args[12]) == "true"
 			h.mu.Unlock()
-			if first || cleanUp {
+			if acquire || cleanUp {
 				cmd.SetErr(io.ErrUnexpectedEOF)
 				return io.ErrUnexpectedEOF
 			}
@@ -298,7 +308,7 @@ func TestCohortAttemptArrivingLateLeavesTheLaterHoldAlone(t *testing.T) {
 	scripts.Acquire.Load(ctx, raw)
 	scripts.Release.Load(ctx, raw)
 	rdb := redistest.Client(t)
-	hook := &heldBack{}
+	hook := &heldBack{n: 1, cleanUps: true}
 	rdb.AddHook(hook)
 	c := dlock.New(rdb)
 	defer c.Close(context.Background())
@@ -308,7 +318,7 @@ func TestCohortAttemptArrivingLateLeavesTheLaterHoldAlone(t *testing.T) {
 	}
 	l := must(t)(c.Mutex(name).TryLock(ctx))
 	before := raw.HGetAll(ctx, lockKey(name)).Val()
-	if err := raw.Do(ctx, hook.args...).Err(); err != nil { // the first acquire arrives
+	if err := raw.Do(ctx, hook.held()[0]...).Err(); err != nil { // the first acquire arrives
 		t.Fatal(err)
 	}
 	if after := raw.HGetAll(ctx, lockKey(name)).Val(); !maps.Equal(after, before) {

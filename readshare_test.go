@@ -290,20 +290,7 @@ func TestRWMutexReadersAfterAQueuedWriterWaitBehindIt(t *testing.T) {
 			}
 			r2 := rwLockAsync(t, c1.RWMutex(name), true)
 			waitQueued(t, c2, name, 3) // r2 waits in Redis of its own, behind the writer
-			if err := w0.Unlock(ctx); err != nil {
-				t.Fatal(err)
-			}
-			first := got(t, "reader that came before the writer", r1)
-			notYet(t, "writer while the first reader reads", w1)
-			if err := first.Unlock(ctx); err != nil {
-				t.Fatal(err)
-			}
-			wl := got(t, "writer", w1)
-			notYet(t, "reader that came after the writer", r2)
-			if err := wl.Unlock(ctx); err != nil {
-				t.Fatal(err)
-			}
-			_ = got(t, "reader that came after the writer", r2).Unlock(ctx)
+			inOrderAfter(t, w0, r1, w1, r2)
 		})
 	}
 }
@@ -416,6 +403,14 @@ func TestRWMutexLaterReadersWaitBehindAWriterWithoutPush(t *testing.T) {
 	}
 	r2 := rwLockAsync(t, c1.RWMutex(name), true)
 	waitQueued(t, c1, name, 3) // r2 waits in a place of its own, behind the writer
+	inOrderAfter(t, w0, r1, w1, r2)
+}
+
+// inOrderAfter checks that, once w0 unlocks, r1 (a reader queued before the writer w1) reads
+// first and alone, then w1 writes, then r2 (a reader that came after w1) reads.
+func inOrderAfter(t *testing.T, w0 *dlock.Lease, r1, w1, r2 <-chan rwResult) {
+	t.Helper()
+	ctx := ctxT(t)
 	if err := w0.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
