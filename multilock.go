@@ -281,26 +281,27 @@ func (c *Client) passStep(ctx context.Context, s holdSpec, holding bool) (*hold,
 	slow := fmt.Errorf("%w: lock %q: %w within %v", ErrUnavailable, s.name, errSlowMember, multiStepTimeout)
 	t := time.NewTimer(multiStepTimeout)
 	defer t.Stop()
+	var r result
+	got := false
 	select {
-	case r := <-done:
-		if r.err != nil && ctx.Err() == nil && errors.Is(r.err, context.DeadlineExceeded) {
-			return nil, slow // cut short by the step's deadline (go-redis's ContextTimeoutEnabled)
-		}
-		return r.h, r.err
+	case r = <-done:
+		got = true
 	case <-t.C:
 	case <-ctx.Done():
 	}
-	if !decided.CompareAndSwap(false, true) {
-		r := <-done // the result came first after all
-		if r.err != nil && ctx.Err() == nil && errors.Is(r.err, context.DeadlineExceeded) {
+	if !got {
+		if decided.CompareAndSwap(false, true) {
+			if err := ctx.Err(); err != nil {
+				return nil, notObtained(s.name, err)
+			}
 			return nil, slow
 		}
-		return r.h, r.err
+		r = <-done // the result came first after all
 	}
-	if err := ctx.Err(); err != nil {
-		return nil, notObtained(s.name, err)
+	if r.err != nil && ctx.Err() == nil && errors.Is(r.err, context.DeadlineExceeded) {
+		return nil, slow // cut short by the step's deadline (go-redis's ContextTimeoutEnabled)
 	}
-	return nil, slow
+	return r.h, r.err
 }
 
 // takeTogether takes every member not taken yet in one script (multi_acquire.lua), when all of

@@ -217,17 +217,6 @@ local function take_free()
   return queue_up(0)
 end
 
--- released_before reports whether the owner released a hold under this call's id (among its
--- recent releases, release.lua).
-local function released_before()
-  for id in string.gmatch(redis.call('HGET', KEYS[3], 'r:' .. owner) or '', '%S+') do
-    if id == ARGV[3] then
-      return true
-    end
-  end
-  return false
-end
-
 -- later_record reports whether our place's record names a hold id our Client made after this
 -- call's: a later attempt of a wait of ours recorded it.
 local function later_record()
@@ -241,7 +230,7 @@ end
 -- drop_holds, or a call's whose reply was lost and whose clean-up ran first, release.lua), one
 -- whose hold was taken and released already (the first send of a call go-redis resent, the
 -- resend answered), or a queued attempt older than the one that recorded our place.
-if redis.call('HEXISTS', KEYS[3], 'u:' .. ARGV[3]) == 1 or released_before()
+if redis.call('HEXISTS', KEYS[3], 'u:' .. ARGV[3]) == 1 or released_before(KEYS[3], owner, ARGV[3])
     or (ARGV[5] == '1' and later_record()) then
   return {0, redis.call('PTTL', KEYS[1]), 0}
 end

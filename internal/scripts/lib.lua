@@ -337,6 +337,18 @@ local function grant(k_lock, k_fence, k_log, k_queue, k_live, head, grace, log_t
   return token
 end
 
+-- released_before reports whether owner released the hold id among its recent releases
+-- (r:<owner> in the op log, release.lua): a retried release that was applied, or an acquire
+-- that came late after its hold was taken and released already.
+local function released_before(k_log, owner, id)
+  for x in string.gmatch(redis.call('HGET', k_log, 'r:' .. owner) or '', '%S+') do
+    if x == id then
+      return true
+    end
+  end
+  return false
+end
+
 -- notify publishes msg on channel, last in a script: a user that may not publish loses the
 -- wake-up, never a write.
 local function notify(publish, channel, msg)

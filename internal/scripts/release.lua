@@ -53,13 +53,6 @@ local function log_release()
   redis.call('PEXPIRE', KEYS[2], ARGV[3])
 end
 
--- released_before reports whether this very hold was released by an earlier attempt.
-local function released_before()
-  for id in string.gmatch(redis.call('HGET', KEYS[2], 'r:' .. owner) or '', '%S+') do
-    if id == ARGV[2] then return true end
-  end
-  return false
-end
 
 -- hand_on frees the lock: to the first live waiter if any.
 local function hand_on()
@@ -139,7 +132,7 @@ if not f or not f[1] then
   end
   -- The hold's field goes only with its release or with the whole lock: it was released
   -- before if it is among the owner's recent releases.
-  if released_before() then
+  if released_before(KEYS[2], owner, ARGV[2]) then
     return 1
   end
   return 0
