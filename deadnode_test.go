@@ -37,10 +37,7 @@ func TestKilledClusterMastersKeysMoveAndItsNotifierGoes(t *testing.T) {
 	victim := cl.Masters()[0]
 	victimAddr.Store(victim.Addr)
 	ls := lockAllTracked(t, dl, namesOn(t, cc, victim, 3))
-	promoted, at, err := cl.KillMaster(victim)
-	if err != nil {
-		t.Fatal(err)
-	}
+	promoted, at := killReplicated(t, cl, victim)
 	if err := cl.WaitStable(10 * time.Second); err != nil {
 		t.Fatal(err)
 	}
