@@ -97,6 +97,12 @@ func (o *ownerIDs) call() string {
 	if o.fixed {
 		return o.id
 	}
+	return o.fresh()
+}
+
+// fresh returns an owner id of its own for one call, made from the handle's (WithOwner or
+// not): for holds that are never one owner's, as a semaphore's.
+func (o *ownerIDs) fresh() string {
 	return o.handle() + "." + strconv.FormatUint(o.seq.Add(1), 36)
 }
 
@@ -109,6 +115,7 @@ type holdSpec struct {
 	reentrant bool // false for a cohort: its own hold found in Redis is stale and re-taken
 	noBarge   bool // a cohort's acquirer: never take a free lock ahead of waiting processes
 	access    access
+	sem       semSpec      // with accessPermits: the permits the hold takes
 	observer  waitObserver // nil, or told what a wait on behalf of others hears (waitHold)
 	// holdID is the hold a wait's queued attempts send, the one a grant writes for it
 	// (waitHold); "" gives each call a fresh one. attempt numbers the wait's attempts. undo
@@ -162,7 +169,7 @@ func (c *Client) tryHold(ctx context.Context, s holdSpec, queue bool) (*hold, ti
 		s.owner, ttl.Milliseconds(), holdID, opLogTTL.Milliseconds(), queue,
 		livenessWindow.Milliseconds(), k.channel, grantGrace.Milliseconds(), c.publishCmd,
 		s.reentrant, queueTTL.Milliseconds(), barge.Milliseconds(), string(s.access), s.attempt,
-		strings.Join(s.undo, " ")).Int64Slice()
+		strings.Join(s.undo, " "), s.sem.n, s.sem.permits).Int64Slice()
 	if err != nil {
 		if classify(err) == replyUnavailable {
 			c.topologyMayHaveChanged(ctx) // the next attempt, the caller's or ours, may go elsewhere
@@ -213,7 +220,7 @@ func (c *Client) startHold(ctx context.Context, s holdSpec, holdID string, token
 		return nil, lateRetry, notObtained(s.name, why)
 	}
 	h := &hold{
-		c: c, name: s.name, keys: s.keys, cfg: s.cfg, owner: s.owner, holdID: holdID, access: s.access,
+		c: c, name: s.name, keys: s.keys, cfg: s.cfg, owner: s.owner, holdID: holdID, access: s.access, sem: s.sem,
 		token: token, tracked: make(chan struct{}), ttl: ttl, grantTTL: grantTTL, heapIdx: -1,
 		othersWait: othersWait,
 	}
@@ -224,7 +231,7 @@ func (c *Client) startHold(ctx context.Context, s holdSpec, holdID string, token
 		// The Client closed while the script ran: give the hold back now (Close waits for
 		// this call; a background clean-up might no longer be allowed to start).
 		rctx, cancel := context.WithTimeout(c.cleanup, abandonTimeout)
-		_, _ = runRelease(rctx, c, s.keys, s.owner, holdID, s.access, releaseIfAcquired)
+		_, _ = runRelease(rctx, c, s.keys, s.owner, holdID, s.access, s.sem, releaseIfAcquired)
 		cancel()
 		h.end(err, false)
 		return nil, 0, fmt.Errorf("%w: lock %q", err, s.name)
@@ -507,7 +514,7 @@ func (c *Client) topologyMayHaveChanged(ctx context.Context) {
 func (c *Client) leaveQueueNow(s holdSpec) {
 	ctx, cancel := context.WithTimeout(c.cleanup, leaveTimeout)
 	defer cancel()
-	_, _ = runRelease(ctx, c, s.keys, s.owner, s.holdID, s.access, releaseLeavingQueue, s.undo...)
+	_, _ = runRelease(ctx, c, s.keys, s.owner, s.holdID, s.access, s.sem, releaseLeavingQueue, s.undo...)
 }
 
 // abandon undoes, in the background, an acquire whose reply was lost, if Redis applied it.
@@ -519,6 +526,6 @@ func (c *Client) abandon(s holdSpec, holdID string) {
 		defer c.wg.Done()
 		ctx, cancel := context.WithTimeout(c.cleanup, abandonTimeout)
 		defer cancel()
-		_, _ = runRelease(ctx, c, s.keys, s.owner, holdID, s.access, releaseIfAcquired)
+		_, _ = runRelease(ctx, c, s.keys, s.owner, holdID, s.access, s.sem, releaseIfAcquired)
 	}()
 }

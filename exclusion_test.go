@@ -43,6 +43,9 @@ func incrementUnderLock(ctx context.Context, c *dlock.Client, rdb *redis.Client,
 
 // runChild is the body of a worker process: goroutines × iterations increments.
 func runChild(role string) int {
+	if role == "semholder" {
+		return semHolderChild()
+	}
 	if role != "increment" {
 		fmt.Fprintf(os.Stderr, "unknown child role %q\n", role)
 		return 2

@@ -28,7 +28,8 @@ type hold struct {
 	cfg    config
 	owner  string
 	holdID string
-	access access // a mutex's hold, or a read-write lock's read or write hold
+	access access // a mutex's hold, a read-write lock's read or write hold, or a semaphore's
+	sem    semSpec
 	// othersWait: a read hold taken while someone waited in the lock's queue (a writer, since
 	// readers first in line are admitted together), so no more local readers may share it
 	othersWait bool
@@ -156,7 +157,7 @@ func (h *hold) beginRelease() bool {
 // release runs the release script: 3 handed to a waiter, 2 freed, 1 one hold dropped (or an
 // earlier attempt already applied), 0 not held.
 func (h *hold) release(ctx context.Context) (int, error) {
-	return runRelease(ctx, h.c, h.keys, h.owner, h.holdID, h.access, releaseNormal)
+	return runRelease(ctx, h.c, h.keys, h.owner, h.holdID, h.access, h.sem, releaseNormal)
 }
 
 // releaseLater retries the release of h, whose release got no answer, in the background
@@ -205,23 +206,31 @@ const (
 
 // runRelease runs the release script for owner's hold holdID in mode; undo, for a waiter
 // leaving the queue, names its wait's earlier hold ids whose holds go too (holdSpec.undo).
-func runRelease(ctx context.Context, c *Client, k keys, owner, holdID string, a access, mode releaseMode, undo ...string) (int, error) {
+func runRelease(ctx context.Context, c *Client, k keys, owner, holdID string, a access, sem semSpec, mode releaseMode, undo ...string) (int, error) {
 	return scripts.Release.Run(ctx, c.rdb,
 		[]string{k.lock, k.opLog, k.fence, k.queue, k.live},
 		owner, holdID, opLogTTL.Milliseconds(), k.channel, mode == releaseIfAcquired,
 		grantGrace.Milliseconds(), c.publishCmd, mode == releaseLeavingQueue,
-		bargeWindow.Milliseconds(), string(a), strings.Join(undo, " ")).Int()
+		bargeWindow.Milliseconds(), string(a), strings.Join(undo, " "), sem.permits).Int()
 }
 
-// access is how a hold holds its lock: a mutex's (""), or a read-write lock's shared ("r")
-// or exclusive ("w") hold. The scripts take it as is.
+// access is how a hold holds its lock: a mutex's (""), a read-write lock's shared ("r")
+// or exclusive ("w") hold, or a semaphore's permits ("s", with a semSpec). The scripts take
+// it as is.
 type access string
 
 const (
-	accessMutex access = ""
-	accessRead  access = "r"
-	accessWrite access = "w"
+	accessMutex   access = ""
+	accessRead    access = "r"
+	accessWrite   access = "w"
+	accessPermits access = "s"
 )
+
+// A semSpec is what a semaphore's hold (accessPermits) takes: n of its permits.
+type semSpec struct {
+	permits int // the semaphore's number of permits
+	n       int // how many this hold takes
+}
 
 // reentry says why a hold with access held cannot be re-entered with access want, or "".
 func (held access) reentry(want access) string {

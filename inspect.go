@@ -22,11 +22,16 @@ type LockInfo struct {
 	TTL       time.Duration `json:"ttl_ns,omitempty"`     // remaining; -1 when the key has no TTL
 	Token     uint64        `json:"token,omitempty"`      // first token of the current hold (0 when free)
 	Waiters   int           `json:"waiters"`              // owners queued in Redis (a Client's cohort counts once)
-	// Kind is "rwmutex" for a read-write lock held now ("" for a mutex, or a free lock).
+	// Kind is "rwmutex" for a read-write lock held now, "semaphore" for a semaphore held now
+	// ("" for a mutex, or anything free).
 	Kind string `json:"kind,omitempty"`
-	// Readers is how many owners hold a read-write lock to read (then Owner and HoldCount are
-	// empty); 0 when it is held to write, or free.
+	// Readers is how many owners hold a read-write lock to read, or hold permits of a
+	// semaphore (then Owner and HoldCount are empty); 0 when it is held to write, or free.
 	Readers int `json:"readers,omitempty"`
+	// Permits is a held semaphore's number of permits, and PermitsOut how many of them its
+	// holders have (a dead holder's count until its TTL runs out).
+	Permits    int `json:"permits,omitempty"`
+	PermitsOut int `json:"permits_out,omitempty"`
 	// Foreign is set when the lock's key holds something dlock did not write in its current
 	// layout: a value of another type, or a lock of another dlock version.
 	Foreign bool `json:"foreign,omitempty"`
@@ -64,8 +69,13 @@ func (c *Client) Inspect(ctx context.Context, name string) (LockInfo, error) {
 		info.Foreign = true // another type (WRONGTYPE), or another layout
 	}
 	info.Token, _ = strconv.ParseUint(f["#t"], 10, 64)
-	if f["#k"] == "rw" {
+	switch f["#k"] {
+	case "rw":
 		info.Kind = "rwmutex"
+	case "sem":
+		info.Kind = "semaphore"
+		info.Permits, _ = strconv.Atoi(f["#n"])
+		info.PermitsOut, _ = strconv.Atoi(f["#u"])
 	}
 	for field, v := range f {
 		if strings.HasPrefix(field, "#") {

@@ -375,7 +375,7 @@ func (c *Client) takeTogether(ctx context.Context, specs []holdSpec, taken []*ho
 			rctx, cancel := context.WithTimeout(c.cleanup, abandonTimeout)
 			for k := j + 1; k < len(idx); k++ {
 				s := specs[idx[k]]
-				_, _ = runRelease(rctx, c, s.keys, s.owner, ids[k], s.access, releaseIfAcquired)
+				_, _ = runRelease(rctx, c, s.keys, s.owner, ids[k], s.access, s.sem, releaseIfAcquired)
 			}
 			cancel()
 			return i, true, err

@@ -27,7 +27,7 @@ const (
 	replyUnavailable                   // no definite answer: connection failure, timeout, failover reply
 	replyClosed                        // the go-redis client was closed
 	replyIncompatible                  // server too old, or a lock of another key layout
-	replyMisuse                        // a lock taken as another kind, or a read hold taken to write
+	replyMisuse                        // a lock taken as another kind, a read hold taken to write, a semaphore with another count
 )
 
 // classify sorts err. Transport failures are unavailable whether or not the command ran; the
@@ -47,7 +47,7 @@ func classify(err error) replyKind {
 		if strings.HasPrefix(msg, "DLOCKLAYOUT") || isOldServer(msg) {
 			return replyIncompatible
 		}
-		if strings.HasPrefix(msg, "DLOCKKIND") || strings.HasPrefix(msg, "DLOCKUPGRADE") {
+		if strings.HasPrefix(msg, "DLOCKKIND") || strings.HasPrefix(msg, "DLOCKUPGRADE") || strings.HasPrefix(msg, "DLOCKPERMITS") {
 			return replyMisuse
 		}
 		return replyOther

@@ -309,6 +309,38 @@ func TestRunReadAndWrite(t *testing.T) {
 	}
 }
 
+// `run --permits N` runs at most N commands at once (a semaphore of N); status and list show
+// the permits out, and a killed run's permit comes back (issue 11).
+func TestRunPermits(t *testing.T) {
+	name := uniqueName(t)
+	_, _, _ = startRun(t, name, "--permits", "2")
+	killed, _, _ := startRun(t, name, "--permits", "2", "--ttl", "1s") // would never start with 1 permit
+	code, out, errs := runDlock(t, "status", name)
+	if code != 0 || !strings.Contains(out, "semaphore") || !strings.Contains(out, "2 of 2 permits out, 0 free, 2 holders") {
+		t.Fatalf("status with two holders: exit %d\n%s%s", code, out, errs)
+	}
+	code, out, _ = runDlock(t, "list", name)
+	if lines := strings.Split(strings.TrimSpace(out), "\n"); code != 0 || len(lines) != 2 ||
+		strings.Join(strings.Fields(lines[1])[:4], " ") != name+" 2/2 permits 2" {
+		t.Fatalf("list: exit %d\n%s", code, out)
+	}
+	code, _, errs = runDlock(t, "run", "--permits", "2", "--no-wait", name, "--", "true")
+	if code != exitConflict || !strings.Contains(errs, "no permit") {
+		t.Fatalf("a third run of 2 permits: exit %d, want %d: %s", code, exitConflict, errs)
+	}
+	_ = killed.Process.Kill() // SIGKILL: its permit comes back within its 1s TTL
+	_, _ = killed.Process.Wait()
+	if code, _, errs := runDlock(t, "run", "--permits", "2", "--wait", "5s", name, "--", "true"); code != 0 {
+		t.Fatalf("run after a holder was killed: exit %d: %s", code, errs)
+	}
+	for _, bad := range [][]string{{"--permits", "-1"}, {"--permits", "2", "--read"}, {"--permits", "2", "--lock", "a", "--lock", "b"}} {
+		args := append(append([]string{"run"}, bad...), name, "--", "true")
+		if code, _, errs := runDlock(t, args...); code == 0 || !strings.Contains(errs, "--permits") {
+			t.Errorf("run %v: exit %d, stderr %q", bad, code, errs)
+		}
+	}
+}
+
 // `run --lock A --lock B -- cmd` holds both locks (a multi-lock) and passes each token in
 // DLOCK_TOKENS; `run NAME cmd ... -- x` still runs `cmd ... -- x` under NAME.
 func TestRunMultiLock(t *testing.T) {

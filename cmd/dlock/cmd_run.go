@@ -31,6 +31,7 @@ func runCommand(args []string, stdout, stderr io.Writer) int {
 	grace := fs.Duration("grace", 10*time.Second, "time between SIGTERM and SIGKILL when the lease is lost")
 	read := fs.Bool("read", false, "take NAME as a read-write lock, to read: shared with other --read runs")
 	write := fs.Bool("write", false, "take NAME as a read-write lock, to write: alone, excluding --read runs")
+	permits := fs.Int("permits", 0, "take one permit of NAME as a semaphore of this many: at most that many runs at once")
 	var locks nameList
 	fs.Var(&locks, "lock", "a lock to take (repeat it: the locks are taken together, all or nothing); replaces NAME")
 	if err := parse(fs, args); err != nil {
@@ -53,6 +54,9 @@ func runCommand(args []string, stdout, stderr io.Writer) int {
 	}
 	if len(names) > 1 && (*read || *write) {
 		return report(usageError{"--read and --write take one lock, not a multi-lock", "dlock run --read config:pricing -- ./serve"}, stderr)
+	}
+	if *permits < 0 || (*permits > 0 && (len(names) > 1 || *read || *write)) {
+		return report(usageError{"--permits N takes one semaphore NAME (N >= 1), without --read, --write or several --lock", "dlock run --permits 2 exports -- ./export-report"}, stderr)
 	}
 	name := strings.Join(names, ",")
 	if len(command) == 0 {
@@ -82,6 +86,12 @@ func runCommand(args []string, stdout, stderr io.Writer) int {
 		m = funcLocker{rw.RLock, rw.TryRLock}
 	case *write:
 		m = dl.RWMutex(name)
+	case *permits > 0:
+		sem := dl.Semaphore(name, *permits)
+		m = funcLocker{
+			func(ctx context.Context) (*dlock.Lease, error) { return sem.Acquire(ctx, 1) },
+			func(ctx context.Context) (*dlock.Lease, error) { return sem.TryAcquire(ctx, 1) },
+		}
 	}
 
 	// Signals while waiting give up the wait; while the command runs they are forwarded.
@@ -99,7 +109,11 @@ func runCommand(args []string, stdout, stderr io.Writer) int {
 	}
 	if err != nil {
 		if errors.Is(err, dlock.ErrNotObtained) {
-			fmt.Fprintf(stderr, "dlock: error: lock %q is held by another owner\n", name)
+			if *permits > 0 {
+				fmt.Fprintf(stderr, "dlock: error: no permit of semaphore %q is free\n", name)
+			} else {
+				fmt.Fprintf(stderr, "dlock: error: lock %q is held by another owner\n", name)
+			}
 			return *conflict
 		}
 		return report(err, stderr)
@@ -184,7 +198,8 @@ func tokensEnv(names []string, l *dlock.Lease) string {
 	return strings.Join(parts, ",")
 }
 
-// A locker is what run takes: a Mutex, or an RWMutex to write or (funcLocker) to read.
+// A locker is what run takes: a Mutex, an RWMutex to write, or (funcLocker) an RWMutex to
+// read or a semaphore's permit.
 type locker interface {
 	Lock(context.Context) (*dlock.Lease, error)
 	TryLock(context.Context) (*dlock.Lease, error)

@@ -44,6 +44,9 @@
 --          holds under them, taken or granted and never used, are dropped first, and an
 --          attempt under one of them that arrives later changes nothing (as does any attempt
 --          under a hold id marked given up in the op log)
+-- ARGV[16] with mode "s" (a semaphore, lib.lua): the permits this call takes (1..ARGV[17])
+-- ARGV[17] with mode "s": the semaphore's number of permits; a semaphore held with another
+--          number is refused with a DLOCKPERMITS error (a free one takes this number)
 --
 -- Returns {1, token, holdCount, waiting} when the caller holds the lock after the call (fresh,
 -- re-entered, a granted lock now confirmed, or a retry of a call that already succeeded;
@@ -53,12 +56,22 @@
 -- without TTL; foreign 1 when the key holds something other than a lock hash; behind 1 when
 -- the caller, a queued reader, has a writer queued at or after its place, so its Client's later
 -- readers must not join that place). A lock hash of another
--- layout is refused with a DLOCKLAYOUT error, a read-write lock taken as a mutex or the
--- reverse with DLOCKKIND, and left as it is.
+-- layout is refused with a DLOCKLAYOUT error, a lock of one kind (mutex, read-write lock,
+-- semaphore) taken as another with DLOCKKIND, and left as it is.
 -- TTLs of a held lock only grow here (PEXPIRE GT): other holds of the owner may rely on them.
 local owner, mark = ARGV[1], '#' .. ARGV[3]
 local mode = ARGV[13] or ''
-local rw = mode ~= ''
+-- A semaphore's holders are readers, each with its permits (lib.lua).
+local sem
+if mode == 's' then
+  mode = 'r'
+  sem = {tonumber(ARGV[17]), tonumber(ARGV[16])}
+  if not sem[1] or not sem[2] or sem[2] < 1 or sem[2] > sem[1] then
+    return redis.error_reply('DLOCKPERMITS lock ' .. KEYS[1] .. ': cannot take ' .. tostring(ARGV[16]) ..
+      ' of ' .. tostring(ARGV[17]) .. ' permits')
+  end
+end
+local kind = sem and 'sem' or (mode ~= '' and 'rw' or '')
 local me = member(mode, owner)
 local record = 'p:' .. me -- our place's record in the op log, while we wait (lib.lua)
 local msgs = {}
@@ -71,7 +84,7 @@ end
 -- holds is the reply of a call after which the caller holds the lock.
 local function holds(token, count)
   local waiting = 0
-  if mode == 'r' then
+  if mode == 'r' and not sem then
     waiting = redis.call('EXISTS', KEYS[4])
   end
   return done({1, token, count, waiting})
@@ -79,23 +92,34 @@ end
 
 -- admit lets the readers queued first join a lock this reader has just taken or joined.
 local function admit(token)
-  if mode == 'r' then
+  if sem then
+    admit_permits(KEYS[1], KEYS[3], KEYS[4], KEYS[5], string.format('%d', token), ARGV[8], ARGV[4], msgs)
+  elseif mode == 'r' then
     admit_readers(KEYS[1], KEYS[3], KEYS[4], KEYS[5], string.format('%d', token), ARGV[8], ARGV[4], msgs)
   end
 end
 
 local function fresh()
   local token = reserve_block(KEYS[2])
-  hold_lock(KEYS[1], owner, mark, token, ARGV[2], mode)
+  hold_lock(KEYS[1], owner, mark, token, ARGV[2], mode, sem)
   admit(token)
   return holds(token, 1)
 end
 
 -- join adds the caller as a reader of the lock in read mode (phase token t).
 local function join(t)
-  add_reader(KEYS[1], owner, mark, ARGV[2])
+  add_reader(KEYS[1], owner, mark, ARGV[2], sem and sem[2])
   admit(t)
   return holds(t, 1)
+end
+
+-- fits reports whether the caller's permits fit in a semaphore held now (always true for a
+-- lock).
+local function fits()
+  if not sem then
+    return true
+  end
+  return tonumber(redis.call('HGET', KEYS[1], '#u') or '0') + sem[2] <= sem[1]
 end
 
 -- hold_seq returns the number of a hold id as the Client makes them (nextHoldID: the Client's
@@ -133,6 +157,16 @@ local function later_own_hold(k_lock, who, id, reading)
   return false
 end
 
+-- record_value is our place's record (lib.lua): this attempt's hold id, its number, our TTL
+-- and, waiting for a semaphore, our permits.
+local function record_value()
+  local v = ARGV[3] .. ' ' .. (ARGV[14] or '0') .. ' ' .. ARGV[2]
+  if sem then
+    v = v .. ' ' .. sem[2]
+  end
+  return v
+end
+
 local function queue_up(foreign)
   local behind = 0
   if ARGV[5] == '1' then
@@ -147,12 +181,12 @@ local function queue_up(foreign)
         msgs[#msgs + 1] = 'x'
         redis.call('HSET', KEYS[3], 'w', now)
       end
-    elseif mode == 'r' then
+    elseif mode == 'r' and not sem then
       -- Our place's score: ZSCORE, by a command the documented ACL allows (adds 0, changes
       -- nothing, so nothing is replicated or invalidated).
       joined = tonumber(redis.call('ZADD', KEYS[4], 'XX', 'INCR', 0, me) or now)
     end
-    if mode == 'r' then
+    if mode == 'r' and not sem then
       -- A writer joined at or after our place (same millisecond: maybe after): our Client's
       -- later readers must wait behind it, not join our place.
       local w = redis.call('HGET', KEYS[3], 'w')
@@ -161,7 +195,7 @@ local function queue_up(foreign)
       end
     end
     -- The hold a grant will write for us (lib.lua): this wait's hold id and our TTL.
-    redis.call('HSET', KEYS[3], record, ARGV[3] .. ' ' .. (ARGV[14] or '0') .. ' ' .. ARGV[2])
+    redis.call('HSET', KEYS[3], record, record_value())
     redis.call('PEXPIRE', KEYS[3], ARGV[4])
     -- The queue lives while anyone waits in it, and disappears on its own after.
     redis.call('PEXPIRE', KEYS[4], ARGV[11])
@@ -195,7 +229,7 @@ local function take_free()
   end
   -- It goes to the waiter ahead of us.
   leave_queue(KEYS[4], KEYS[5], head)
-  local token = grant(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], head, ARGV[8], ARGV[4], msgs)
+  local token = grant(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], head, ARGV[8], ARGV[4], msgs, sem and sem[1])
   if mode == 'r' and head:sub(1, 2) == 'r:' then
     local c = redis.call('HMGET', KEYS[1], owner, mark)
     if c[1] == '0' then
@@ -210,7 +244,7 @@ local function take_free()
       -- of its waits: this call is one more hold of it, as a re-entry.
       return join(token)
     end
-    if first_waiter(KEYS[4], KEYS[5]) == nil then
+    if first_waiter(KEYS[4], KEYS[5]) == nil and fits() then
       return join(token)
     end
   end
@@ -244,14 +278,14 @@ end
 -- that of an earlier attempt it gave up (a grant below, admitting us along with other
 -- readers, would otherwise write a hold nobody uses, which our renewals would keep alive).
 if ARGV[5] == '1' and redis.call('HEXISTS', KEYS[3], record) == 1 then
-  redis.call('HSET', KEYS[3], record, ARGV[3] .. ' ' .. (ARGV[14] or '0') .. ' ' .. ARGV[2])
+  redis.call('HSET', KEYS[3], record, record_value())
 end
 
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return take_free()
 end
 
-local fields = {owner, mark, '#t', '#v', '#k', '#m'}
+local fields = {owner, mark, '#t', '#v', '#k', '#m', '#n'}
 local f, ok = lock_fields(KEYS[1], unpack(fields))
 if not ok then
   return queue_up(1)
@@ -259,8 +293,12 @@ end
 if f[4] ~= LAYOUT then
   return layout_error(KEYS[1])
 end
-if (f[5] == 'rw') ~= rw then
-  return kind_error(KEYS[1], rw)
+if (f[5] or '') ~= kind then
+  return kind_error(KEYS[1], kind, f[5])
+end
+if sem and tonumber(f[7]) ~= sem[1] then
+  return redis.error_reply('DLOCKPERMITS lock ' .. KEYS[1] .. ' is a semaphore of ' .. tostring(f[7]) ..
+    ' permits, not ' .. sem[1])
 end
 if f[6] == 'r' then
   -- Readers whose deadline passed are gone; with none left the lock is free.
@@ -340,6 +378,17 @@ if f[1] then
     end
     return holds(token, count)
   end
+end
+if sem then
+  -- Waiters first in line whose permits fit go first: maybe us, with the hold we recorded.
+  admit(tonumber(f[3]))
+  if redis.call('HEXISTS', KEYS[1], mark) == 1 then
+    return join(tonumber(f[3]))
+  end
+  if first_waiter(KEYS[4], KEYS[5]) == nil and fits() then
+    return join(tonumber(f[3]))
+  end
+  return queue_up(0)
 end
 if f[6] == 'r' and mode == 'r' then
   -- No barging into a read phase: a reader overtaking a waiting writer could starve it.

@@ -106,24 +106,29 @@ local function split_member(m)
   return '', m
 end
 
--- kind_error is the reply to a mutex script on a read-write lock or the reverse.
-local function kind_error(k_lock, rw)
-  if rw then
-    return redis.error_reply('DLOCKKIND lock ' .. k_lock .. ' is a mutex, not a read-write lock')
-  end
-  return redis.error_reply('DLOCKKIND lock ' .. k_lock .. ' is a read-write lock, not a mutex')
+-- KINDS names a lock hash's "#k" field for each kind of lock, as an error message says it.
+local KINDS = {[''] = 'a mutex', rw = 'a read-write lock', sem = 'a semaphore'}
+
+-- kind_error is the reply to a script of one kind of lock (want: a "#k" value, '' for a
+-- mutex) on a lock of another (has).
+local function kind_error(k_lock, want, has)
+  return redis.error_reply('DLOCKKIND lock ' .. k_lock .. ' is ' .. (KINDS[has or ''] or 'a ' .. has) ..
+    ', not ' .. KINDS[want])
 end
 
 -- is_mark reports a hold mark field ("#"..holdId; the reserved fields are "#" and one letter,
--- or "#e:"..owner).
+-- "#e:"..owner or "#c:"..owner).
 local function is_mark(f)
-  return f:sub(1, 1) == '#' and #f > 2 and f:sub(2, 3) ~= 'e:'
+  local p = f:sub(2, 3)
+  return f:sub(1, 1) == '#' and #f > 2 and p ~= 'e:' and p ~= 'c:'
 end
 
 -- hold_lock writes a fresh hold of owner (count 1) with its token and sets the TTL. mark is
 -- the hold's "#"..holdId field, or nil for a lock granted to a waiter that confirms the grant
 -- with its own acquire (see grant). mode is '' for a mutex, 'r' or 'w' for a read-write lock.
-local function hold_lock(k_lock, owner, mark, token, ttl, mode)
+-- sem, for a semaphore (mode 'r'), is {permits, n}: its number of permits and how many the
+-- owner takes.
+local function hold_lock(k_lock, owner, mark, token, ttl, mode, sem)
   local count = 1
   if mode == 'r' and not mark then
     count = 0 -- granted, until the reader confirms
@@ -133,8 +138,15 @@ local function hold_lock(k_lock, owner, mark, token, ttl, mode)
     args[#args + 1] = f
     args[#args + 1] = v
   end
-  if mode ~= '' then
+  if sem then
+    add('#k', 'sem')
+    add('#n', sem[1])
+    add('#u', sem[2])
+    add('#c:' .. owner, sem[2])
+  elseif mode ~= '' then
     add('#k', 'rw')
+  end
+  if mode ~= '' then
     add('#m', mode)
   end
   if mark then
@@ -157,13 +169,18 @@ end
 -- add_reader adds owner as a reader of a lock in read mode (count 1, or 0 without a mark: a
 -- grant to confirm), counts a hold (mark) it does not have yet for an owner that reads
 -- already (one WithOwner id in several places), and renews its deadline: the later of the
--- one it has and now + ttl. The key's TTL only grows.
-local function add_reader(k_lock, owner, mark, ttl)
+-- one it has and now + ttl. The key's TTL only grows. permits, for a new holder of a
+-- semaphore, is how many permits it takes.
+local function add_reader(k_lock, owner, mark, ttl, permits)
   local e = '#e:' .. owner
   local had = redis.call('HGET', k_lock, e)
   if not had then
     redis.call('HINCRBY', k_lock, '#r', 1)
     redis.call('HSET', k_lock, owner, mark and 1 or 0)
+    if permits then
+      redis.call('HSET', k_lock, '#c:' .. owner, permits)
+      redis.call('HINCRBY', k_lock, '#u', permits)
+    end
     if mark then
       redis.call('HSET', k_lock, mark, owner)
     end
@@ -188,8 +205,9 @@ local function hdel(k, fields)
 end
 
 -- prune_readers drops the readers whose deadline has passed (their process died or paused
--- past its lease), with their marks, and returns how many readers remain. Unless force is
--- set it reads the whole hash only once the clock has passed "#x".
+-- past its lease), with their marks (and, on a semaphore, their permits), and returns how
+-- many readers remain. Unless force is set it reads the whole hash only once the clock has
+-- passed "#x".
 local function prune_readers(k_lock, force)
   local now = now_ms()
   local rx = redis.call('HMGET', k_lock, '#r', '#x')
@@ -197,39 +215,62 @@ local function prune_readers(k_lock, force)
     return tonumber(rx[1] or '0')
   end
   local all = redis.call('HGETALL', k_lock)
-  local dead, live, earliest = {}, 0, nil
+  local dead, live, earliest, permits, sem = {}, 0, nil, {}, false
   for i = 1, #all, 2 do
     local f = all[i]
-    if f:sub(1, 3) == '#e:' then
+    local p = f:sub(1, 3)
+    if p == '#e:' then
       local d = tonumber(all[i + 1])
       if d < now then
         dead[f:sub(4)] = true
       else
         live, earliest = live + 1, math.min(earliest or d, d)
       end
+    elseif p == '#c:' then
+      permits[f:sub(4)] = tonumber(all[i + 1])
+    elseif f == '#k' then
+      sem = all[i + 1] == 'sem'
     end
   end
   if next(dead) then
     local del = {}
     for i = 1, #all, 2 do
       local f, v = all[i], all[i + 1]
-      if dead[f] or (f:sub(1, 3) == '#e:' and dead[f:sub(4)]) or (is_mark(f) and dead[v]) then
+      local p = f:sub(1, 3)
+      if dead[f] or ((p == '#e:' or p == '#c:') and dead[f:sub(4)]) or (is_mark(f) and dead[v]) then
         del[#del + 1] = f
       end
     end
     hdel(k_lock, del)
   end
-  redis.call('HSET', k_lock, '#r', live, '#x', earliest or 0)
+  if sem then
+    local used = 0
+    for o, n in pairs(permits) do
+      if not dead[o] then
+        used = used + n
+      end
+    end
+    redis.call('HSET', k_lock, '#r', live, '#x', earliest or 0, '#u', used)
+  else
+    redis.call('HSET', k_lock, '#r', live, '#x', earliest or 0)
+  end
   return live
 end
 
--- remove_reader takes a reader out of a lock in read mode: its count, deadline and (when
--- given) its last mark, and returns how many readers remain.
-local function remove_reader(k_lock, owner, mark)
+-- remove_reader takes a reader out of a lock in read mode: its count, deadline, permits (sem:
+-- a semaphore's holder) and (when given) its last mark, and returns how many readers remain.
+local function remove_reader(k_lock, owner, mark, sem)
+  local c = '#c:' .. owner
+  if sem then
+    local n = redis.call('HGET', k_lock, c)
+    if n then
+      redis.call('HINCRBY', k_lock, '#u', -tonumber(n))
+    end
+  end
   if mark then
-    redis.call('HDEL', k_lock, owner, '#e:' .. owner, mark)
+    redis.call('HDEL', k_lock, owner, '#e:' .. owner, c, mark)
   else
-    redis.call('HDEL', k_lock, owner, '#e:' .. owner)
+    redis.call('HDEL', k_lock, owner, '#e:' .. owner, c)
   end
   redis.call('HINCRBY', k_lock, '#r', -1)
   return prune_readers(k_lock)
@@ -265,7 +306,7 @@ local function pending_hold(k_log, who, grace)
     return nil, nil, grace
   end
   redis.call('HDEL', k_log, k)
-  local id, n, ttl = p:match('^(%S+) (%d+) (%d+)$')
+  local id, n, ttl = p:match('^(%S+) (%d+) (%d+)')
   if not id then
     return nil, nil, grace
   end
@@ -313,14 +354,67 @@ local function admit_readers(k_lock, k_log, k_queue, k_live, t, grace, log_ttl, 
   end
 end
 
+-- Semaphores. A semaphore is a lock in read mode whose "#k" is "sem": its holders are readers,
+-- each with the permits it holds in "#c:"..owner; "#n" is its number of permits and "#u" how
+-- many are out. Its waiters queue as readers ("r:"..owner), and each records, after its hold
+-- (see above), how many permits it waits for: "<holdId> <attempt> <ttl ms> <permits>". A
+-- waiter is admitted when it is first in line and its permits fit: one that waits for many is
+-- not overtaken by later ones that would fit (strict FIFO).
+
+-- waiter_permits returns how many permits the queue member who waits for, from its record;
+-- without one (it cannot be read) all of them, which never admits too many.
+local function waiter_permits(k_log, who, permits)
+  local p = redis.call('HGET', k_log, 'p:' .. who)
+  return tonumber(p and p:match('^%S+ %d+ %d+ (%d+)$') or '') or permits
+end
+
+-- admit_permits admits, to a semaphore held in read mode, the waiters first in its queue whose
+-- permits fit, in order, up to the first that does not: as admit_readers, each with its
+-- recorded hold (its own deadline from the grace) and a grant message with the token t.
+local function admit_permits(k_lock, k_log, k_queue, k_live, t, grace, log_ttl, msgs, granted)
+  granted = granted or {}
+  local nu = redis.call('HMGET', k_lock, '#n', '#u')
+  local permits, used = tonumber(nu[1] or '0'), tonumber(nu[2] or '0')
+  local head
+  for _ = 1, 1000 do
+    head = first_waiter(k_queue, k_live)
+    if not head or head:sub(1, 2) ~= 'r:' then
+      break
+    end
+    local n = waiter_permits(k_log, head, permits)
+    if used + n > permits then
+      break
+    end
+    local owner = head:sub(3)
+    leave_queue(k_queue, k_live, head)
+    local mark, rec, ttl = pending_hold(k_log, head, grace)
+    if not mark then
+      redis.call('HSET', k_log, 'g:' .. owner, t)
+      redis.call('PEXPIRE', k_log, log_ttl)
+    end
+    add_reader(k_lock, owner, mark, ttl, n)
+    used = used + n
+    granted[#granted + 1] = {owner, rec}
+  end
+  local waiting = head and 1 or 0
+  for _, g in ipairs(granted) do
+    msgs[#msgs + 1] = grant_msg(g[1], g[2], t, waiting)
+  end
+end
+
 -- grant hands the free lock to the queue member head: with the hold it recorded, or with the
 -- short TTL grace until it confirms by running acquire (see above); a reader at the head
--- brings every reader queued right behind it (they share the phase's token). A grant to be
--- confirmed is recorded in the op log (g:<owner> = token) before the lock is written, so the
--- grantee can tell it from a stale one. It returns the token; the messages the caller
--- publishes last (notify_all) are appended to msgs.
-local function grant(k_lock, k_fence, k_log, k_queue, k_live, head, grace, log_ttl, msgs)
+-- brings every reader queued right behind it (they share the phase's token), and a
+-- semaphore's waiter (permits: the semaphore's number of permits, nil for a lock) those
+-- behind it whose permits fit. A grant to be confirmed is recorded in the op log (g:<owner> =
+-- token) before the lock is written, so the grantee can tell it from a stale one. It returns
+-- the token; the messages the caller publishes last (notify_all) are appended to msgs.
+local function grant(k_lock, k_fence, k_log, k_queue, k_live, head, grace, log_ttl, msgs, permits)
   local mode, owner = split_member(head)
+  local sem
+  if permits then
+    sem = {permits, math.min(waiter_permits(k_log, head, permits), permits)}
+  end
   local token = reserve_block(k_fence)
   local t = string.format('%d', token)
   local mark, rec, ttl = pending_hold(k_log, head, grace)
@@ -328,8 +422,10 @@ local function grant(k_lock, k_fence, k_log, k_queue, k_live, head, grace, log_t
     redis.call('HSET', k_log, 'g:' .. owner, t)
     redis.call('PEXPIRE', k_log, log_ttl)
   end
-  hold_lock(k_lock, owner, mark, token, ttl, mode)
-  if mode == 'r' then
+  hold_lock(k_lock, owner, mark, token, ttl, mode, sem)
+  if sem then
+    admit_permits(k_lock, k_log, k_queue, k_live, t, grace, log_ttl, msgs, {{owner, rec}})
+  elseif mode == 'r' then
     admit_readers(k_lock, k_log, k_queue, k_live, t, grace, log_ttl, msgs, {{owner, rec}})
   else
     msgs[#msgs + 1] = grant_msg(owner, rec, t, 0)
@@ -377,7 +473,7 @@ end
 -- It returns nil when the lock has no such hold, 1 when the lock is still held (the owner's
 -- other holds, other readers), 0 when that was its last hold: the caller frees the lock.
 local function drop_hold(k_lock, owner, mark)
-  local g = lock_fields(k_lock, mark, owner, '#m')
+  local g = lock_fields(k_lock, mark, owner, '#m', '#k')
   if not g or not g[1] then
     return nil
   end
@@ -386,7 +482,7 @@ local function drop_hold(k_lock, owner, mark)
     redis.call('HINCRBY', k_lock, owner, -1)
     return 1
   end
-  if g[3] == 'r' and remove_reader(k_lock, owner, mark) > 0 then
+  if g[3] == 'r' and remove_reader(k_lock, owner, mark, g[4] == 'sem') > 0 then
     return 1
   end
   return 0

@@ -25,6 +25,8 @@
 --         release frees the lock only when it was the last reader
 -- ARGV[11] for a waiter giving up: hold ids of its wait's attempts that got no usable reply,
 --         whose holds go too, and whose attempts arriving later change nothing
+-- ARGV[12] with mode "s" (a semaphore, lib.lua): its number of permits, for a grant of the
+--         semaphore once free; a holder's release admits the waiters whose permits now fit
 --
 -- Returns 3 when the lock was handed to a waiter ("g"/"G" published, lib.lua), 2 when it was
 -- freed ("w <owner>" published when a waiter is first in line), 1 when one of several holds
@@ -34,7 +36,11 @@
 -- (and, for a waiter giving up, the holds named by ARGV[11]).
 local owner, mark = ARGV[1], '#' .. ARGV[2]
 local mode = ARGV[10] or ''
-local rw = mode ~= ''
+local permits -- a semaphore's (its holders are readers, lib.lua); nil for a lock
+if mode == 's' then
+  mode, permits = 'r', tonumber(ARGV[12])
+end
+local kind = permits and 'sem' or (mode ~= '' and 'rw' or '')
 
 -- The op log keeps the hold ids of the owner's RECENT last releases (newest first), so a
 -- retried release is recognised even after the same owner (a Client's cohort, a WithOwner
@@ -61,7 +67,7 @@ local function hand_on()
   if head and waited >= tonumber(ARGV[9]) then
     leave_queue(KEYS[4], KEYS[5], head)
     local msgs = {}
-    grant(KEYS[1], KEYS[3], KEYS[2], KEYS[4], KEYS[5], head, ARGV[6], ARGV[3], msgs)
+    grant(KEYS[1], KEYS[3], KEYS[2], KEYS[4], KEYS[5], head, ARGV[6], ARGV[3], msgs, permits)
     notify_all(ARGV[7], ARGV[4], msgs)
     return 3
   end
@@ -73,10 +79,21 @@ local function hand_on()
   return 2
 end
 
+-- admit_more lets in the waiters first in line whose permits now fit a semaphore some holder
+-- left (a no-op for a lock: its readers leaving admit nobody while others remain).
+local function admit_more()
+  if permits then
+    local msgs = {}
+    admit_permits(KEYS[1], KEYS[2], KEYS[4], KEYS[5], redis.call('HGET', KEYS[1], '#t'), ARGV[6], ARGV[3], msgs)
+    notify_all(ARGV[7], ARGV[4], msgs)
+  end
+end
+
 -- let_go drops the owner's last hold (mark; nil for a grant not confirmed): a reader leaves
 -- the read phase, which frees the lock only when no other reader remains.
 local function let_go(reading, m)
-  if reading and remove_reader(KEYS[1], owner, m) > 0 then
+  if reading and remove_reader(KEYS[1], owner, m, permits ~= nil) > 0 then
+    admit_more()
     return 1
   end
   return hand_on()
@@ -94,6 +111,7 @@ if ARGV[8] == '1' then
   if free then
     return hand_on()
   elseif found then
+    admit_more()
     return 1
   end
   -- A lock granted to us and not yet confirmed is ours to pass on: the grant record names
@@ -111,7 +129,10 @@ if ARGV[8] == '1' then
     -- in line now must hear of it, or it sleeps until its next refresh.
     return hand_on()
   end
-  if rw and f and f[3] == 'r' then
+  if permits and f and f[3] == 'r' then
+    -- A waiter leaving from the head of the queue lets in those behind it whose permits fit.
+    admit_more()
+  elseif kind == 'rw' and f and f[3] == 'r' then
     -- A writer leaving from the head of the queue lets the readers behind it in.
     local msgs = {}
     admit_readers(KEYS[1], KEYS[2], KEYS[4], KEYS[5], f[2], ARGV[6], ARGV[3], msgs)
@@ -140,8 +161,8 @@ end
 if f[3] ~= LAYOUT then
   return layout_error(KEYS[1])
 end
-if (f[4] == 'rw') ~= rw then
-  return kind_error(KEYS[1], rw)
+if (f[4] or '') ~= kind then
+  return kind_error(KEYS[1], kind, f[4])
 end
 log_release()
 if f[2] ~= '1' then

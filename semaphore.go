@@ -1,0 +1,135 @@
+package dlock
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+)
+
+// A Semaphore is a handle on one named counting semaphore: at most Permits permits are out at
+// once, across every process, each Acquire taking n of them under a lease. It is Redisson's
+// RPermitExpirableSemaphore rather than its RSemaphore: permits are leased, so those of a holder
+// that dies come back when its lease's TTL runs out, never later, and a holder that pauses past
+// its TTL learns it through Done. It is cheap to create, holds no Redis state and is safe for
+// concurrent use.
+//
+// The number of permits is stored with the semaphore while it has holders (as a lock, an idle
+// semaphore leaves nothing in Redis, and the next handle to take it sets the number): a handle
+// naming another number while it is held gets ErrInvalid from Acquire and TryAcquire.
+//
+// Waiting is fair, in one FIFO queue in Redis: a waiter is admitted when it is first in line
+// and its permits fit, so a request for many permits is never overtaken by later small ones
+// that would fit before it (the small ones wait behind it; a Java-style "barging" semaphore
+// would starve it). As for a Mutex, an Acquire may take permits ahead of a first waiter that
+// has waited under a few milliseconds only when the semaphore is free (barging, bounded).
+// Waiters are woken by push when a release admits them, and only those admitted.
+//
+// Each Acquire is a Redis hold of its own (an owner id of its own, made from the handle's, see
+// Owner): there is no re-entry, and Acquire given a held lease's context takes more permits.
+// The lease's fencing token is that of the semaphore's busy period: every lease admitted while
+// the semaphore stayed held shares it, and it is above every token of a lease that ended
+// before the semaphore was last free (as the readers of one read phase share theirs).
+//
+// A name is a semaphore, a Mutex or an RWMutex, not two of them: a call of one kind on a name
+// held as another returns ErrInvalid.
+type Semaphore struct {
+	c       *Client
+	name    string
+	keys    keys
+	cfg     config
+	permits int
+	err     error // invalid name, count or option, reported by every call
+
+	ids ownerIDs
+}
+
+// Semaphore returns a handle on the semaphore called name with permits permits. An invalid
+// name, a count below 1 or an invalid option is reported by the handle's calls as
+// ErrInvalid; Semaphore itself never fails.
+func (c *Client) Semaphore(name string, permits int, opts ...Option) *Semaphore {
+	s := &Semaphore{c: c, name: name, cfg: c.cfg.apply(opts), permits: permits}
+	s.ids.init(s.cfg)
+	var perr error
+	if permits < 1 {
+		perr = fmt.Errorf("%w: semaphore %q: %d permits: must be at least 1", ErrInvalid, name, permits)
+	}
+	s.err = join(c.err, validateName(name), perr, s.cfg.validate())
+	s.keys = lockKeys(s.cfg.keyPrefix(), name)
+	return s
+}
+
+// Name returns the semaphore's name.
+func (s *Semaphore) Name() string { return s.name }
+
+// Permits returns the number of permits the handle was made with.
+func (s *Semaphore) Permits() int { return s.permits }
+
+// Owner returns the handle's owner id: the WithOwner id, or a random 128-bit one made on first
+// use. Each Acquire holds under an owner id of its own made from it (Lease.Owner), since two
+// acquisitions are never one hold.
+func (s *Semaphore) Owner() string { return s.ids.handle() }
+
+// Acquire takes n permits (1 ≤ n ≤ Permits), waiting as long as ctx allows, behind every
+// caller already waiting. The lease holds the n permits until Unlock gives them back, or until
+// it is lost (Done, Err). Errors are those of Mutex.Lock, and ErrInvalid for a bad n, for a
+// semaphore held with another number of permits, or for a name held as a lock.
+func (s *Semaphore) Acquire(ctx context.Context, n int) (*Lease, error) {
+	return s.acquire(ctx, n, true)
+}
+
+// TryAcquire makes one attempt to take n permits: it succeeds when nobody waits and n of them
+// are free. Errors are those of Mutex.TryLock (ErrNotObtained when too few permits are free or
+// others wait), and ErrInvalid as for Acquire.
+func (s *Semaphore) TryAcquire(ctx context.Context, n int) (*Lease, error) {
+	return s.acquire(ctx, n, false)
+}
+
+func (s *Semaphore) acquire(ctx context.Context, n int, wait bool) (*Lease, error) {
+	if s.err != nil {
+		return nil, s.err
+	}
+	if n < 1 || n > s.permits {
+		return nil, fmt.Errorf("%w: semaphore %q: cannot take %d permits of %d", ErrInvalid, s.name, n, s.permits)
+	}
+	ref := lockRef{c: s.c, name: s.name} // no lock key: never re-entered
+	return s.c.lockWith(ctx, ref, accessPermits, func() (*Lease, error) {
+		spec := holdSpec{name: s.name, keys: s.keys, cfg: s.cfg, owner: s.ids.fresh(),
+			access: accessPermits, sem: semSpec{permits: s.permits, n: n}}
+		return s.c.plainLease(ctx, ref, spec, wait)
+	})
+}
+
+// Available returns how many permits are free now: Permits minus those held (by leases not
+// yet known to have ended: a dead holder's permits count until its TTL runs out and a script
+// meets the semaphore), or Permits when the semaphore has no state in Redis. It is a snapshot
+// and may be wrong the moment after. It returns ErrInvalid for a bad handle, for a semaphore
+// held with another number of permits or a name held as a lock, and the Redis error (matching
+// ErrUnavailable when Redis gave no answer) if the read fails.
+func (s *Semaphore) Available(ctx context.Context) (int, error) {
+	if s.err != nil {
+		return 0, s.err
+	}
+	f, err := s.c.rdb.HMGet(ctx, s.keys.lock, "#k", "#n", "#u").Result()
+	if err != nil {
+		return 0, redisErr("read semaphore", s.name, err)
+	}
+	kind, _ := f[0].(string)
+	if f[0] == nil && f[1] == nil {
+		return s.permits, nil
+	}
+	if kind != "sem" {
+		return 0, fmt.Errorf("%w: %q is held as a lock, not a semaphore", ErrInvalid, s.name)
+	}
+	total, _ := strconv.Atoi(str(f[1]))
+	used, _ := strconv.Atoi(str(f[2]))
+	if total != s.permits {
+		return 0, fmt.Errorf("%w: semaphore %q has %d permits, not %d", ErrInvalid, s.name, total, s.permits)
+	}
+	return max(total-used, 0), nil
+}
+
+// str returns v as a string ("" for nil or another type): a field of an HMGET reply.
+func str(v any) string {
+	s, _ := v.(string)
+	return s
+}

@@ -1,0 +1,385 @@
+package dlock_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// acquired runs Acquire in the background and returns where its lease (or error) arrives.
+func acquired(ctx context.Context, s *dlock.Semaphore, n int) <-chan leaseOrErr {
+	ch := make(chan leaseOrErr, 1)
+	go func() {
+		l, err := s.Acquire(ctx, n)
+		ch <- leaseOrErr{l, err}
+	}()
+	return ch
+}
+
+type leaseOrErr struct {
+	l   *dlock.Lease
+	err error
+}
+
+func mustAvailable(t *testing.T, s *dlock.Semaphore, want int) {
+	t.Helper()
+	got, err := s.Available(ctxT(t))
+	if err != nil || got != want {
+		t.Fatalf("Available = %d, %v; want %d", got, err, want)
+	}
+}
+
+// No more than the semaphore's permits are out at once, and Unlock gives them back.
+func TestSemaphoreGivesOutAtMostItsPermits(t *testing.T) {
+	c, _ := newClient(t)
+	ctx := ctxT(t)
+	s := c.Semaphore(redistest.Name(t), 3)
+	mustAvailable(t, s, 3)
+	a, err := s.TryAcquire(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustAvailable(t, s, 1)
+	if _, err := s.TryAcquire(ctx, 2); !errors.Is(err, dlock.ErrNotObtained) {
+		t.Fatalf("2 more of 3 with 2 out: %v, want ErrNotObtained", err)
+	}
+	b, err := s.TryAcquire(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustAvailable(t, s, 0)
+	if _, err := s.TryAcquire(ctx, 1); !errors.Is(err, dlock.ErrNotObtained) {
+		t.Fatalf("1 more with all out: %v, want ErrNotObtained", err)
+	}
+	if a.Token() == 0 || b.Token() == 0 {
+		t.Fatalf("tokens %d, %d; want set", a.Token(), b.Token())
+	}
+	if err := a.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mustAvailable(t, s, 2)
+	if err := b.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mustAvailable(t, s, 3)
+	if err := b.Unlock(ctx); !errors.Is(err, dlock.ErrNotHeld) {
+		t.Fatalf("second Unlock: %v, want ErrNotHeld", err)
+	}
+}
+
+// A waiter is woken when a release frees enough permits, not before.
+func TestSemaphoreWaiterAdmittedWhenItsPermitsAreFree(t *testing.T) {
+	c, _ := newClient(t)
+	other, _ := newClient(t)
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	s := c.Semaphore(name, 2)
+	a, err := s.Acquire(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := s.Acquire(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := acquired(ctx, other.Semaphore(name, 2), 2)
+	waitQueued(t, other, name, 1)
+	if err := a.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-got:
+		t.Fatalf("2 permits granted with 1 free: %v", r.err)
+	default:
+	}
+	start := time.Now()
+	if err := b.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-got
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	t.Logf("admitted %v after the release", time.Since(start).Round(time.Microsecond))
+	mustAvailable(t, s, 0)
+	if err := r.l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A request for many permits first in line is not overtaken by a later small one that fits.
+func TestSemaphoreLargeRequestIsNotOvertaken(t *testing.T) {
+	c, _ := newClient(t)
+	big, _ := newClient(t)
+	small, _ := newClient(t)
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	s := c.Semaphore(name, 4)
+	held, err := s.Acquire(ctx, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bigGot := acquired(ctx, big.Semaphore(name, 4), 4)
+	waitQueued(t, big, name, 1)
+	// One permit is free, but the waiter for 4 is first: a new caller of 1 waits behind it.
+	if _, err := small.Semaphore(name, 4).TryAcquire(ctx, 1); !errors.Is(err, dlock.ErrNotObtained) {
+		t.Fatalf("TryAcquire(1) ahead of a waiter for 4: %v, want ErrNotObtained", err)
+	}
+	smallGot := acquired(ctx, small.Semaphore(name, 4), 1)
+	waitQueued(t, c, name, 2)
+	select {
+	case r := <-smallGot:
+		t.Fatalf("the later waiter for 1 overtook the waiter for 4: %v", r.err)
+	default:
+	}
+	if err := held.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-bigGot
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	select {
+	case r := <-smallGot:
+		t.Fatalf("1 permit granted while 4 of 4 are out: %v", r.err)
+	default:
+	}
+	if err := r.l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rs := <-smallGot
+	if rs.err != nil {
+		t.Fatal(rs.err)
+	}
+	_ = rs.l.Unlock(ctx)
+}
+
+// A release admits every waiter first in line whose permits fit, and only those.
+func TestSemaphoreReleaseAdmitsEveryWaiterThatFits(t *testing.T) {
+	c, _ := newClient(t)
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	s := c.Semaphore(name, 3)
+	held, err := s.Acquire(ctx, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var waits []<-chan leaseOrErr
+	for i, n := range []int{1, 1, 2} {
+		w, _ := newClient(t)
+		waits = append(waits, acquired(ctx, w.Semaphore(name, 3), n))
+		waitQueued(t, c, name, i+1)
+	}
+	if err := held.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		if r := <-waits[i]; r.err != nil {
+			t.Fatalf("waiter %d: %v", i, r.err)
+		} else {
+			defer r.l.Unlock(ctx)
+		}
+	}
+	mustAvailable(t, s, 1)
+	select {
+	case r := <-waits[2]:
+		t.Fatalf("a waiter for 2 admitted with 1 free: %v", r.err)
+	case <-time.After(100 * time.Millisecond): // nothing to wait for: it must not come
+	}
+}
+
+// Bad input gets ErrInvalid and leaves nothing behind.
+func TestSemaphoreBadInput(t *testing.T) {
+	c, rdb := newClient(t)
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	for _, tc := range []struct {
+		what string
+		s    *dlock.Semaphore
+		n    int
+	}{
+		{"0 permits", c.Semaphore(name, 0), 1},
+		{"negative permits", c.Semaphore(name, -2), 1},
+		{"empty name", c.Semaphore("", 2), 1},
+		{"n = 0", c.Semaphore(name, 2), 0},
+		{"n < 0", c.Semaphore(name, 2), -1},
+		{"n > permits", c.Semaphore(name, 2), 3},
+	} {
+		if _, err := tc.s.TryAcquire(ctx, tc.n); !errors.Is(err, dlock.ErrInvalid) {
+			t.Errorf("%s: TryAcquire: %v, want ErrInvalid", tc.what, err)
+		}
+		if _, err := tc.s.Acquire(ctx, tc.n); !errors.Is(err, dlock.ErrInvalid) {
+			t.Errorf("%s: Acquire: %v, want ErrInvalid", tc.what, err)
+		}
+	}
+	if n, _ := rdb.Exists(ctx, lockKey(name)).Result(); n != 0 {
+		t.Fatalf("bad input left the key behind")
+	}
+	// Another number of permits for a semaphore that is held, or another kind of lock.
+	l, err := c.Semaphore(name, 2).Acquire(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Semaphore(name, 3).TryAcquire(ctx, 1); !errors.Is(err, dlock.ErrInvalid) || !contains(err, "2 permits") {
+		t.Errorf("other count: %v, want ErrInvalid naming 2 permits", err)
+	}
+	if _, err := c.Semaphore(name, 3).Available(ctx); !errors.Is(err, dlock.ErrInvalid) {
+		t.Errorf("Available with another count: %v, want ErrInvalid", err)
+	}
+	if _, err := c.Mutex(name).TryLock(ctx); !errors.Is(err, dlock.ErrInvalid) || !contains(err, "semaphore") {
+		t.Errorf("Mutex on a semaphore: %v, want ErrInvalid naming the semaphore", err)
+	}
+	if _, err := c.RWMutex(name).TryRLock(ctx); !errors.Is(err, dlock.ErrInvalid) {
+		t.Errorf("RWMutex on a semaphore: %v, want ErrInvalid", err)
+	}
+	mustAvailable(t, c.Semaphore(name, 2), 1)
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Free again: the next handle sets the count.
+	l3, err := c.Semaphore(name, 3).TryAcquire(ctx, 3)
+	if err != nil {
+		t.Fatalf("a free semaphore taken with another count: %v", err)
+	}
+	_ = l3.Unlock(ctx)
+	m, err := c.Mutex(name).TryLock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Unlock(ctx)
+	if _, err := c.Semaphore(name, 2).TryAcquire(ctx, 1); !errors.Is(err, dlock.ErrInvalid) {
+		t.Errorf("Semaphore on a held Mutex: %v, want ErrInvalid", err)
+	}
+}
+
+func contains(err error, s string) bool {
+	return err != nil && strings.Contains(err.Error(), s)
+}
+
+// A deleted semaphore key ends its leases (loss detection works as for locks).
+func TestSemaphoreLeaseLostWhenItsKeyGoes(t *testing.T) {
+	c, rdb := newClient(t)
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	l, err := c.Semaphore(name, 2).Acquire(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-dlock.Tracked(l)
+	rdb.Del(ctx, lockKey(name))
+	waitDone(t, l, 2*time.Second)
+	if !errors.Is(l.Err(), dlock.ErrLeaseLost) {
+		t.Fatalf("Err = %v, want ErrLeaseLost", l.Err())
+	}
+}
+
+// semHolderChild takes DLOCK_TEST_N permits of the semaphore DLOCK_TEST_NAME (of
+// DLOCK_TEST_PERMITS) with a 1s TTL, says "held" and sleeps until killed.
+func semHolderChild() int {
+	rdb := redis.NewClient(&redis.Options{Network: os.Getenv("DLOCK_TEST_NET"), Addr: os.Getenv("DLOCK_TEST_ADDR")})
+	c := dlock.New(rdb, dlock.WithTTL(time.Second))
+	permits, _ := strconv.Atoi(os.Getenv("DLOCK_TEST_PERMITS"))
+	n, _ := strconv.Atoi(os.Getenv("DLOCK_TEST_N"))
+	if _, err := c.Semaphore(os.Getenv("DLOCK_TEST_NAME"), permits).Acquire(context.Background(), n); err != nil {
+		fmt.Fprintln(os.Stderr, "child:", err)
+		return 1
+	}
+	fmt.Println("held")
+	select {}
+}
+
+// The permits of a holder killed with SIGKILL come back within its TTL, to a waiter, which is
+// admitted then (its refresh finds the dead holder gone).
+func TestSemaphoreKilledHoldersPermitsComeBackWithinTTL(t *testing.T) {
+	srv := redistest.Shared(t)
+	c, _ := newClient(t)
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childRoleEnv+"=semholder",
+		"DLOCK_TEST_NET="+srv.Network, "DLOCK_TEST_ADDR="+srv.Addr,
+		"DLOCK_TEST_NAME="+name, "DLOCK_TEST_PERMITS=2", "DLOCK_TEST_N=2")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	defer cmd.Process.Kill()
+	if line, _ := bufio.NewReader(out).ReadString('\n'); line != "held\n" {
+		t.Fatalf("child: %q", line)
+	}
+	s := c.Semaphore(name, 2)
+	mustAvailable(t, s, 0)
+	got := acquired(ctx, s, 1)
+	waitQueued(t, c, name, 1)
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	select {
+	case r := <-got:
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		after := time.Since(killed)
+		t.Logf("permits back %v after SIGKILL (TTL 1s)", after.Round(time.Millisecond))
+		if after > time.Second+500*time.Millisecond {
+			t.Fatalf("permits back %v after the kill, TTL 1s", after)
+		}
+		_ = r.l.Unlock(ctx)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the killed holder's permits never came back")
+	}
+	mustAvailable(t, s, 2)
+}
+
+// Inspect shows a held semaphore's kind, permits out, holders and waiters.
+func TestSemaphoreInspect(t *testing.T) {
+	c, _ := newClient(t)
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	s := c.Semaphore(name, 5)
+	a, err := s.Acquire(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Unlock(ctx)
+	b, err := s.Acquire(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Unlock(ctx)
+	w, _ := newClient(t)
+	got := acquired(ctx, w.Semaphore(name, 5), 3)
+	waitQueued(t, c, name, 1)
+	info, err := c.Inspect(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Kind != "semaphore" || info.Permits != 5 || info.PermitsOut != 4 || info.Readers != 2 || info.Waiters != 1 || !info.Held {
+		t.Fatalf("Inspect = %+v", info)
+	}
+	if err := a.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-got; r.err != nil {
+		t.Fatal(r.err)
+	} else {
+		_ = r.l.Unlock(ctx)
+	}
+}
