@@ -102,3 +102,11 @@ func PendingReadWaiters(c *Client, name string) int {
 	}
 	return 0
 }
+
+// SetLatchRecheck sets how often a waiting Latch.Wait reads the count without a push, for
+// the test.
+func SetLatchRecheck(t interface{ Cleanup(func()) }, d time.Duration) {
+	old := latchRecheck
+	latchRecheck = d
+	t.Cleanup(func() { latchRecheck = old })
+}

@@ -22,8 +22,8 @@ type LockInfo struct {
 	TTL       time.Duration `json:"ttl_ns,omitempty"`     // remaining; -1 when the key has no TTL
 	Token     uint64        `json:"token,omitempty"`      // first token of the current hold (0 when free)
 	Waiters   int           `json:"waiters"`              // owners queued in Redis (a Client's cohort counts once)
-	// Kind is "rwmutex" for a read-write lock held now, "semaphore" for a semaphore held now
-	// ("" for a mutex, or anything free).
+	// Kind is "rwmutex" for a read-write lock held now, "semaphore" for a semaphore held now,
+	// "latch" for a latch counting now ("" for a mutex, or anything free).
 	Kind string `json:"kind,omitempty"`
 	// Readers is how many owners hold a read-write lock to read, or hold permits of a
 	// semaphore (then Owner and HoldCount are empty); 0 when it is held to write, or free.
@@ -32,6 +32,8 @@ type LockInfo struct {
 	// holders have (a dead holder's count until its TTL runs out).
 	Permits    int `json:"permits,omitempty"`
 	PermitsOut int `json:"permits_out,omitempty"`
+	// Count is a counting latch's count (Kind "latch"); a latch at zero has no state.
+	Count int `json:"count,omitempty"`
 	// Foreign is set when the lock's key holds something dlock did not write in its current
 	// layout: a value of another type, or a lock of another dlock version.
 	Foreign bool `json:"foreign,omitempty"`
@@ -76,6 +78,10 @@ func (c *Client) Inspect(ctx context.Context, name string) (LockInfo, error) {
 		info.Kind = "semaphore"
 		info.Permits, _ = strconv.Atoi(f["#n"])
 		info.PermitsOut, _ = strconv.Atoi(f["#u"])
+	case "latch":
+		info.Kind = "latch"
+		info.Count, _ = strconv.Atoi(f["#n"])
+		return info, nil // no owner fields
 	}
 	for field, v := range f {
 		if strings.HasPrefix(field, "#") {

@@ -197,6 +197,17 @@ func (n *notifier) subscribe(ctx context.Context, channel, owner string) *subscr
 	return s
 }
 
+// live reports whether the subscription's channel is still subscribed on its notifier (or
+// being subscribed): false once the server dropped it (a slot that moved) or it never was.
+func (s *subscription) live() bool {
+	if s.cs == nil {
+		return false
+	}
+	s.n.mu.Lock()
+	defer s.n.mu.Unlock()
+	return s.n.chans[s.channel] == s.cs
+}
+
 func (s *subscription) close() {
 	n := s.n
 	n.mu.Lock()

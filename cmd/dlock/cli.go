@@ -22,9 +22,12 @@ const usage = `dlock: distributed locks on Redis
 
 Usage:
   dlock run [flags] NAME -- COMMAND [ARGS...]   run a command while holding the lock NAME
+                                                 (--read/--write: a read-write lock; --permits N:
+                                                 one of N permits; several --lock: all of them)
   dlock status [flags] NAME                      show a lock: held or free, owner, TTL, token, waiters
   dlock list [flags] [PATTERN]                   list the locks under the prefix (glob PATTERN)
   dlock release --force [flags] NAME             break a lock; its holder stops, waiters go on
+  dlock latch [flags] set|down|wait|status NAME [N]  a count-down latch for start-up ordering
   dlock demo [tickets|seckill|cron|counter|all]  replay the seed scenarios without and with a lock
   dlock version                                  print the version
   dlock help [COMMAND]                           this text, or a command's flags
@@ -63,6 +66,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return report(listCommand(rest, stdout, stderr), stderr)
 	case "release":
 		return report(releaseCommand(rest, stdout, stderr), stderr)
+	case "latch":
+		return report(latchCommand(rest, stdout, stderr), stderr)
 	case "demo":
 		return report(runDemo(rest, stdout, stderr), stderr)
 	case workerCommand:
@@ -129,6 +134,10 @@ func report(err error, stderr io.Writer) int {
 	var h hinted
 	if errors.As(err, &h) && h.hint != "" {
 		fmt.Fprintf(stderr, "dlock: hint: %s\n", h.hint)
+	}
+	var ee exitErr
+	if errors.As(err, &ee) {
+		return ee.code
 	}
 	return exitError
 }

@@ -229,7 +229,7 @@ func TestBadCommandLinesGiveOneClearError(t *testing.T) {
 }
 
 func TestHelpForEveryCommand(t *testing.T) {
-	for _, c := range []string{"run", "status", "list", "release", "demo"} {
+	for _, c := range []string{"run", "status", "list", "release", "latch", "demo"} {
 		code, out, errs := runDlock(t, c, "-h")
 		if code != 0 || !strings.Contains(out+errs, "Usage: dlock "+c) {
 			t.Errorf("dlock %s -h: exit %d, %q", c, code, out+errs)
@@ -337,6 +337,48 @@ func TestRunPermits(t *testing.T) {
 		args := append(append([]string{"run"}, bad...), name, "--", "true")
 		if code, _, errs := runDlock(t, args...); code == 0 || !strings.Contains(errs, "--permits") {
 			t.Errorf("run %v: exit %d, stderr %q", bad, code, errs)
+		}
+	}
+}
+
+// `dlock latch` sets, counts down, waits for and shows a latch (issue 11).
+func TestLatchCommand(t *testing.T) {
+	name := uniqueName(t)
+	if code, out, errs := runDlock(t, "latch", "set", name, "2"); code != 0 || !strings.Contains(out, "set to 2") {
+		t.Fatalf("latch set: exit %d %q %q", code, out, errs)
+	}
+	if code, _, errs := runDlock(t, "latch", "set", name, "3"); code != exitError || !strings.Contains(errs, "counting already") {
+		t.Fatalf("latch set again: exit %d %q", code, errs)
+	}
+	if code, out, _ := runDlock(t, "latch", "status", name); code != 0 || !strings.Contains(out, "at 2") {
+		t.Fatalf("latch status: exit %d %q", code, out)
+	}
+	if code, out, _ := runDlock(t, "status", name); code != 0 || !strings.Contains(out, "latch") || !strings.Contains(out, "counting: 2") {
+		t.Fatalf("status of a latch: exit %d %q", code, out)
+	}
+	if code, _, errs := runDlock(t, "latch", "--wait", "100ms", "wait", name); code != exitConflict || !strings.Contains(errs, "not open") {
+		t.Fatalf("latch wait past --wait: exit %d %q", code, errs)
+	}
+	waiter := dlockCmd(t, "latch", "--wait", "20s", "wait", name)
+	var wout bytes.Buffer
+	waiter.Stdout, waiter.Stderr = &wout, &wout
+	if err := waiter.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if code, _, errs := runDlock(t, "latch", "down", name); code != 0 {
+			t.Fatalf("latch down: exit %d %q", code, errs)
+		}
+	}
+	if code := exitCode(waiter.Wait()); code != 0 || !strings.Contains(wout.String(), "open") {
+		t.Fatalf("latch wait: exit %d %q", code, wout.String())
+	}
+	if code, out, _ := runDlock(t, "latch", "status", name); code != 0 || !strings.Contains(out, "open") {
+		t.Fatalf("latch status once open: exit %d %q", code, out)
+	}
+	for _, bad := range [][]string{{"set", name}, {"set", name, "0"}, {"down"}, {"frob", name}, {"wait", name, "x"}} {
+		if code, _, errs := runDlock(t, append([]string{"latch"}, bad...)...); code != exitUsage {
+			t.Errorf("latch %v: exit %d %q, want %d", bad, code, errs, exitUsage)
 		}
 	}
 }

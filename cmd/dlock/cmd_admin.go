@@ -52,6 +52,8 @@ func statusCommand(args []string, stdout, stderr io.Writer) error {
 	switch {
 	case info.Foreign:
 		fmt.Fprintf(tw, "state:\theld by a key dlock did not write (another type, or another dlock version)\nttl:\t%s\n", fmtTTL(info.TTL))
+	case info.Held && info.Kind == "latch":
+		fmt.Fprintf(tw, "kind:\tlatch\nstate:\tcounting: %d\nttl:\t%s\n", info.Count, fmtTTL(info.TTL))
 	case info.Held && info.Kind == "semaphore":
 		fmt.Fprintf(tw, "kind:\tsemaphore\nstate:\t%d of %d permits out, %d free, %d holders\nttl:\t%s\ntoken:\t%d\n",
 			info.PermitsOut, info.Permits, max(info.Permits-info.PermitsOut, 0), info.Readers, fmtTTL(info.TTL), info.Token)
@@ -104,6 +106,8 @@ func listCommand(args []string, stdout, stderr io.Writer) error {
 		switch {
 		case l.Foreign:
 			state, ttl = "foreign", fmtTTL(l.TTL)
+		case l.Held && l.Kind == "latch":
+			state, owner, ttl = fmt.Sprintf("latch at %d", l.Count), "-", fmtTTL(l.TTL)
 		case l.Held && l.Kind == "semaphore":
 			state, owner, ttl = fmt.Sprintf("%d/%d permits", l.PermitsOut, l.Permits), fmt.Sprintf("%d holders", l.Readers), fmtTTL(l.TTL)
 		case l.Held && l.Readers > 0:

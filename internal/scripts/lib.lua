@@ -107,7 +107,7 @@ local function split_member(m)
 end
 
 -- KINDS names a lock hash's "#k" field for each kind of lock, as an error message says it.
-local KINDS = {[''] = 'a mutex', rw = 'a read-write lock', sem = 'a semaphore'}
+local KINDS = {[''] = 'a mutex', rw = 'a read-write lock', sem = 'a semaphore', latch = 'a latch'}
 
 -- kind_error is the reply to a script of one kind of lock (want: a "#k" value, '' for a
 -- mutex) on a lock of another (has).

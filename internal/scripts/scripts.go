@@ -24,6 +24,10 @@ var (
 	fencedSetSrc string
 	//go:embed force_release.lua
 	forceReleaseSrc string
+	//go:embed latch_set.lua
+	latchSetSrc string
+	//go:embed latch_down.lua
+	latchDownSrc string
 )
 
 // shebang makes Redis check, before a lock script runs, that it may write (master, enough
@@ -40,6 +44,8 @@ var (
 	Release      = lockScript(releaseSrc)
 	Extend       = lockScript(extendSrc)
 	ForceRelease = lockScript(forceReleaseSrc)
+	LatchSet     = lockScript(latchSetSrc)
+	LatchDown    = lockScript(latchDownSrc)
 	// FencedSet writes to a resource that may live on any Redis, so it has no shebang.
 	FencedSet = redis.NewScript(fencedSetSrc)
 )

@@ -1,0 +1,112 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os/signal"
+	"strconv"
+
+	"github.com/dlock-go/dlock"
+)
+
+// latchCommand is `dlock latch set|down|wait|status NAME [N]`: a count-down latch for
+// shell-scripted start-up ordering (loaders count down, the service waits).
+func latchCommand(args []string, stdout, stderr io.Writer) error {
+	fs, common := newFlagSet("latch", "latch [flags] set NAME N | down NAME | wait NAME | status NAME\n\n"+
+		"set starts the latch NAME at N (exit 1 if it is counting already), down counts it down by one,\n"+
+		"wait returns once it reaches zero (at once if it has no state), status prints its count.", stderr)
+	ttl := fs.Duration("ttl", dlock.DefaultLatchTTL, "set, down: an abandoned latch disappears this long after its last set or down")
+	wait := fs.Duration("wait", 0, "wait: give up after this long (default: wait forever), exit 75")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	op, rest := fs.Arg(0), fs.Args()
+	if len(rest) > 0 {
+		rest = rest[1:]
+	}
+	want := 1
+	if op == "set" {
+		want = 2
+	}
+	if (op != "set" && op != "down" && op != "wait" && op != "status") || len(rest) != want {
+		return usageError{"latch needs set NAME N, down NAME, wait NAME or status NAME", "dlock latch set warehouses-loaded 4"}
+	}
+	if *ttl <= 0 || *wait < 0 {
+		return usageError{"--ttl must be positive and --wait not negative", ""}
+	}
+	name := rest[0]
+	conn, err := connect(common.redis, false)
+	if err != nil {
+		return err
+	}
+	defer conn.close()
+	dl := dlock.New(conn.rdb, dlock.WithKeyPrefix(common.prefix))
+	defer dl.Close(context.Background())
+	d := dl.Latch(name, dlock.WithTTL(*ttl))
+	ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
+	defer cancel()
+	switch op {
+	case "set":
+		n, err := strconv.Atoi(rest[1])
+		if err != nil || n < 1 {
+			return usageError{fmt.Sprintf("latch set: count %q: must be a whole number of at least 1", rest[1]), "dlock latch set warehouses-loaded 4"}
+		}
+		ok, err := d.TrySetCount(ctx, n)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("latch %q is counting already", name)
+		}
+		fmt.Fprintf(stdout, "latch %s set to %d\n", name, n)
+	case "down":
+		if err := d.CountDown(ctx); err != nil {
+			return err
+		}
+		n, err := d.Count(ctx)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "latch %s at %d\n", name, n)
+	case "status":
+		n, err := d.Count(ctx)
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			fmt.Fprintf(stdout, "latch %s open (no count in Redis)\n", name)
+		} else {
+			fmt.Fprintf(stdout, "latch %s at %d\n", name, n)
+		}
+	case "wait":
+		wctx, stop := signal.NotifyContext(context.Background(), forwarded...)
+		defer stop()
+		if *wait > 0 {
+			var c context.CancelFunc
+			wctx, c = context.WithTimeout(wctx, *wait)
+			defer c()
+		}
+		if err := d.Wait(wctx); err != nil {
+			if errors.Is(err, context.DeadlineExceeded) {
+				return exitErr{exitConflict, fmt.Errorf("latch %q not open after %v", name, *wait)}
+			}
+			if wctx.Err() != nil {
+				return exitErr{exitError, fmt.Errorf("interrupted while waiting for latch %q", name)}
+			}
+			return err
+		}
+		fmt.Fprintf(stdout, "latch %s open\n", name)
+	}
+	return nil
+}
+
+// exitErr is an error with its own exit code.
+type exitErr struct {
+	code int
+	err  error
+}
+
+func (e exitErr) Error() string { return e.err.Error() }
+func (e exitErr) Unwrap() error { return e.err }

@@ -1,0 +1,34 @@
+-- latch_down: count a latch down by one; at zero it is deleted and its waiters are told.
+--
+-- KEYS[1] latch hash (see latch_set.lua)
+-- ARGV[1] TTL in ms, renewed: a latch counted down lives this long after
+-- ARGV[2] notification channel
+-- ARGV[3] PUBLISH or SPUBLISH
+--
+-- Returns the count after the call: -1 when there was no latch (never set, already at zero,
+-- or expired: nothing changed, as counting below zero does nothing). A key of another kind is
+-- refused as in latch_set.lua.
+local f = lock_fields(KEYS[1], '#k', '#v')
+if not f then
+  return kind_error(KEYS[1], 'latch', 'value of another type')
+end
+if not f[1] and not f[2] then
+  if redis.call('EXISTS', KEYS[1]) == 1 then
+    return kind_error(KEYS[1], 'latch', 'value of another type')
+  end
+  return -1
+end
+if f[2] ~= LAYOUT then
+  return layout_error(KEYS[1])
+end
+if f[1] ~= 'latch' then
+  return kind_error(KEYS[1], 'latch', f[1])
+end
+local n = redis.call('HINCRBY', KEYS[1], '#n', -1)
+if n <= 0 then
+  redis.call('DEL', KEYS[1])
+  notify(ARGV[3], ARGV[2], 'z')
+  return 0
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+return n

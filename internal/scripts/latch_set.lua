@@ -1,0 +1,28 @@
+-- latch_set: start a count-down latch at a count, unless it is counting already.
+--
+-- KEYS[1] latch hash {"#k": "latch", "#v": layout, "#n": count} (the lock key of its name)
+-- ARGV[1] count (>= 1)
+-- ARGV[2] TTL in ms: an abandoned latch (no CountDown for this long) disappears
+--
+-- Returns 1 when the latch was set, 0 when it was counting already (nothing changed). A key
+-- of another kind (a lock, a semaphore) is refused with DLOCKKIND, one of another layout with
+-- DLOCKLAYOUT, and left as it is.
+local f = lock_fields(KEYS[1], '#k', '#v')
+if not f then
+  return kind_error(KEYS[1], 'latch', 'value of another type')
+end
+if f[1] or f[2] then
+  if f[2] ~= LAYOUT then
+    return layout_error(KEYS[1])
+  end
+  if f[1] ~= 'latch' then
+    return kind_error(KEYS[1], 'latch', f[1])
+  end
+  return 0
+end
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return kind_error(KEYS[1], 'latch', 'value of another type')
+end
+redis.call('HSET', KEYS[1], '#k', 'latch', '#v', LAYOUT, '#n', ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1

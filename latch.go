@@ -1,0 +1,209 @@
+package dlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/dlock-go/dlock/internal/scripts"
+	"github.com/redis/go-redis/v9"
+)
+
+// DefaultLatchTTL is how long a latch lives after its last TrySetCount or CountDown when
+// WithTTL is not given: an abandoned latch (its counters died) disappears then.
+const DefaultLatchTTL = 24 * time.Hour
+
+// latchRecheck is how often a waiting Wait reads the count although no push came: the push
+// may be lost (a dropped connection, a user that may not subscribe), and the latch may expire.
+var latchRecheck = time.Second
+
+// A Latch is a handle on one named count-down latch, Redisson's RCountDownLatch: TrySetCount
+// starts it at a count, each CountDown takes one off, and Wait returns once the count has
+// reached zero. It is cheap to create, holds no Redis state and is safe for concurrent use.
+//
+// In Redis a latch is one hash at its name's lock key, with a TTL (WithTTL, default
+// DefaultLatchTTL) renewed by TrySetCount and every CountDown: an abandoned latch disappears
+// on its own. At zero it is deleted and its waiters are told by push (one message per
+// Client, which wakes all of the Client's waiters). A latch with no state in Redis (never
+// set, already at zero, expired) is open: Wait returns at once and CountDown does nothing,
+// as Redisson's do. So a Wait that starts only after the count reached zero returns at once,
+// and a latch can be set again once it has opened.
+//
+// A name is a latch or a lock (Mutex, RWMutex, Semaphore), not both: a call of one kind on
+// a name used as the other returns ErrInvalid.
+type Latch struct {
+	c    *Client
+	name string
+	keys keys
+	ttl  time.Duration
+	err  error // invalid name or option, reported by every call
+}
+
+// Latch returns a handle on the count-down latch called name. Of the options only WithTTL
+// (how long an abandoned latch lives) and WithKeyPrefix apply. An invalid name or option is
+// reported by the handle's calls as ErrInvalid; Latch itself never fails.
+func (c *Client) Latch(name string, opts ...Option) *Latch {
+	cfg := c.cfg.apply(opts)
+	d := &Latch{c: c, name: name, keys: lockKeys(cfg.keyPrefix(), name), ttl: DefaultLatchTTL}
+	if cfg.ttlSet {
+		d.ttl = cfg.ttl
+	}
+	d.err = join(c.err, validateName(name), cfg.validate())
+	return d
+}
+
+// Name returns the latch's name.
+func (d *Latch) Name() string { return d.name }
+
+// TrySetCount starts the latch at count (at least 1) and reports true, or reports false and
+// changes nothing when the latch is counting already. It returns ErrInvalid for a count below
+// 1 or a name used as a lock, and the Redis error (matching ErrUnavailable when Redis gave no
+// definite answer: the latch may then have been set) if the call fails.
+func (d *Latch) TrySetCount(ctx context.Context, count int) (bool, error) {
+	if d.err != nil {
+		return false, d.err
+	}
+	if count < 1 {
+		return false, fmt.Errorf("%w: latch %q: count %d: must be at least 1", ErrInvalid, d.name, count)
+	}
+	set, err := scripts.LatchSet.Run(ctx, d.c.rdb, []string{d.keys.lock}, count, d.ttl.Milliseconds()).Int()
+	if err != nil {
+		return false, redisErr("set latch", d.name, err)
+	}
+	return set == 1, nil
+}
+
+// CountDown takes one off the latch's count; at zero the latch opens: it is deleted and its
+// waiters are woken. On an open latch (no state in Redis) it does nothing: a count never goes
+// below zero. It returns ErrInvalid for a name used as a lock, and the Redis error (matching
+// ErrUnavailable when Redis gave no definite answer: the count may then have gone down) if
+// the call fails. A CountDown is not idempotent: retrying one that failed so may count twice.
+func (d *Latch) CountDown(ctx context.Context) error {
+	if d.err != nil {
+		return d.err
+	}
+	k := d.keys
+	err := scripts.LatchDown.Run(ctx, d.c.rdb, []string{k.lock}, d.ttl.Milliseconds(), k.channel, d.c.publishCmd).Err()
+	if err != nil {
+		return redisErr("count down latch", d.name, err)
+	}
+	return nil
+}
+
+// Count returns the latch's count: 0 when it is open (no state in Redis). It returns
+// ErrInvalid for a name used as a lock, and the Redis error (matching ErrUnavailable when
+// Redis gave no answer) if the read fails.
+func (d *Latch) Count(ctx context.Context) (int, error) {
+	if d.err != nil {
+		return 0, d.err
+	}
+	f, err := d.c.rdb.HMGet(ctx, d.keys.lock, "#k", "#n").Result()
+	if err != nil {
+		if errors.Is(err, redis.Nil) {
+			return 0, nil
+		}
+		return 0, redisErr("read latch", d.name, err)
+	}
+	if f[0] == nil && f[1] == nil {
+		exists, err := d.c.rdb.Exists(ctx, d.keys.lock).Result()
+		if err != nil {
+			return 0, redisErr("read latch", d.name, err)
+		}
+		if exists == 1 {
+			return 0, fmt.Errorf("%w: %q is held as a lock, not a latch", ErrInvalid, d.name)
+		}
+		return 0, nil
+	}
+	if str(f[0]) != "latch" {
+		return 0, fmt.Errorf("%w: %q is held as a lock, not a latch", ErrInvalid, d.name)
+	}
+	n, err := strconv.Atoi(str(f[1]))
+	if err != nil {
+		return 0, fmt.Errorf("dlock: latch %q: count %q: %w", d.name, str(f[1]), err)
+	}
+	return max(n, 0), nil
+}
+
+// Wait returns nil once the latch is open: at once when it has no state in Redis (never set,
+// already at zero, expired), otherwise when the last CountDown opens it, which wakes it by
+// push (within about a millisecond), or at the latest at its next check of the count (every
+// second; every 50ms on a Redis that refuses the Client's subscriptions). When ctx ends first
+// it returns an error matching ErrNotObtained and ctx.Err(). While Redis is unavailable it
+// keeps trying, with backoff, as Mutex.Lock does. It returns ErrInvalid for a name used as a
+// lock, ErrClosed after Client.Close.
+func (d *Latch) Wait(ctx context.Context) error {
+	if d.err != nil {
+		return d.err
+	}
+	if err := d.c.checkOpen(); err != nil {
+		return fmt.Errorf("%w: latch %q", err, d.name)
+	}
+	// listen subscribes to the latch's channel on the notifier of the node that has it now
+	// (again after a failover or migration moved it, or its subscription was dropped), before
+	// the count is read: an opening after the read is pushed.
+	var n *notifier
+	var sub *subscription
+	defer func() {
+		if sub != nil {
+			sub.close()
+		}
+	}()
+	listen := func() {
+		nn := d.c.notifierFor(ctx, d.keys.lock)
+		if nn == n && sub != nil && sub.live() {
+			return
+		}
+		if sub != nil {
+			sub.close()
+			sub = nil
+		}
+		if n = nn; n != nil {
+			sub = n.subscribe(ctx, d.keys.channel, "")
+		}
+	}
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	var failing error
+	backoff := time.Duration(0)
+	for {
+		listen()
+		count, err := d.Count(ctx)
+		switch {
+		case err == nil && count == 0:
+			return nil
+		case err == nil:
+			failing, backoff = nil, 0
+		case errors.Is(err, ErrUnavailable) && ctx.Err() == nil:
+			failing = err
+			d.c.topologyMayHaveChanged(ctx)
+		default:
+			if ctx.Err() != nil {
+				return notObtained(d.name, ctx.Err(), failing)
+			}
+			return err
+		}
+		wait := latchRecheck
+		if sub == nil || !n.subscribed(d.keys.channel) {
+			wait = pollWithoutPush
+		}
+		if failing != nil {
+			backoff = min(max(2*backoff, minUnavailableRetry), maxUnavailableRetry)
+			wait = backoff
+		}
+		var wake <-chan struct{}
+		if sub != nil {
+			wake = sub.c
+		}
+		timer.Reset(wait)
+		select {
+		case <-ctx.Done():
+			return notObtained(d.name, ctx.Err(), failing)
+		case <-d.c.bg.Done():
+			return fmt.Errorf("%w: latch %q", ErrClosed, d.name)
+		case <-wake:
+		case <-timer.C:
+		}
+	}
+}

@@ -1,0 +1,223 @@
+package dlock_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/redistest"
+)
+
+func mustCount(t *testing.T, d *dlock.Latch, want int) {
+	t.Helper()
+	if got, err := d.Count(ctxT(t)); err != nil || got != want {
+		t.Fatalf("Count = %d, %v; want %d", got, err, want)
+	}
+}
+
+// TrySetCount starts a latch once; CountDown takes it to zero, where it leaves nothing behind,
+// and below zero does nothing.
+func TestLatchCountsDownToZeroAndLeavesNothing(t *testing.T) {
+	c, rdb := newClient(t)
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	d := c.Latch(name)
+	mustCount(t, d, 0)
+	if ok, err := d.TrySetCount(ctx, 2); !ok || err != nil {
+		t.Fatalf("TrySetCount on a new latch: %v, %v", ok, err)
+	}
+	if ok, err := d.TrySetCount(ctx, 5); ok || err != nil {
+		t.Fatalf("TrySetCount on a counting latch: %v, %v; want false", ok, err)
+	}
+	mustCount(t, d, 2)
+	if ttl := rdb.PTTL(ctx, lockKey(name)).Val(); ttl <= 0 || ttl > dlock.DefaultLatchTTL {
+		t.Fatalf("latch TTL %v, want up to %v", ttl, dlock.DefaultLatchTTL)
+	}
+	if err := d.CountDown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mustCount(t, d, 1)
+	if err := d.CountDown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mustCount(t, d, 0)
+	if n := rdb.Exists(ctx, lockKey(name)).Val(); n != 0 {
+		t.Fatal("an open latch left its key behind")
+	}
+	if err := d.CountDown(ctx); err != nil { // below zero: nothing
+		t.Fatal(err)
+	}
+	mustCount(t, d, 0)
+	if n := rdb.Exists(ctx, lockKey(name)).Val(); n != 0 {
+		t.Fatal("CountDown on an open latch wrote a key")
+	}
+	if ok, err := d.TrySetCount(ctx, 1); !ok || err != nil {
+		t.Fatalf("TrySetCount once open again: %v, %v", ok, err)
+	}
+}
+
+// Wait on a latch with no state returns at once; waiters in several Clients are woken by
+// push by the last CountDown (the periodic re-check is set to a minute, so only a push can
+// wake them within the test).
+func TestLatchWaitersWokenByTheLastCountDown(t *testing.T) {
+	dlock.SetLatchRecheck(t, time.Minute)
+	c, _ := newClient(t)
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	if err := c.Latch(name).Wait(ctx); err != nil {
+		t.Fatalf("Wait on a latch never set: %v", err)
+	}
+	d := c.Latch(name)
+	if ok, err := d.TrySetCount(ctx, 2); !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	const waiters = 6
+	done := make(chan error, waiters)
+	for i := range waiters {
+		w := c
+		if i%2 == 1 {
+			w, _ = newClient(t)
+		}
+		go func() { done <- w.Latch(name).Wait(ctx) }()
+	}
+	if err := d.CountDown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("a Wait returned at count 1: %v", err)
+	default:
+	}
+	waitSubscribed(t, name, 2)
+	start := time.Now()
+	if err := d.CountDown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for range waiters {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("a waiter was not woken by the last CountDown")
+		}
+	}
+	t.Logf("%d waiters in 2 Clients woken %v after the last CountDown", waiters, time.Since(start).Round(time.Microsecond))
+}
+
+// waitSubscribed waits until n connections listen on the latch's channel (each Client
+// subscribes once).
+func waitSubscribed(t *testing.T, name string, n int) {
+	t.Helper()
+	rdb := redistest.Client(t)
+	ch := lockKey(name) + ":released"
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		if m, err := rdb.PubSubNumSub(ctxT(t), ch).Result(); err == nil && m[ch] >= int64(n) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d subscribers on %s not reached", n, ch)
+		}
+	}
+}
+
+// A Wait whose ctx ends returns ErrNotObtained with the ctx error.
+func TestLatchWaitEndsWithCtx(t *testing.T) {
+	c, _ := newClient(t)
+	name := redistest.Name(t)
+	d := c.Latch(name)
+	if _, err := d.TrySetCount(ctxT(t), 1); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	err := d.Wait(ctx)
+	if !errors.Is(err, dlock.ErrNotObtained) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Wait past its ctx: %v", err)
+	}
+	mustCount(t, d, 1)
+}
+
+// An abandoned latch expires after its TTL, which opens it.
+func TestLatchAbandonedExpiresAfterItsTTL(t *testing.T) {
+	dlock.SetLatchRecheck(t, 20*time.Millisecond)
+	c, rdb := newClient(t)
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	d := c.Latch(name, dlock.WithTTL(200*time.Millisecond))
+	if _, err := d.TrySetCount(ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.CountDown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ttl := rdb.PTTL(ctx, lockKey(name)).Val(); ttl <= 0 || ttl > 200*time.Millisecond {
+		t.Fatalf("TTL after CountDown %v, want (0, 200ms]", ttl)
+	}
+	if err := d.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mustCount(t, d, 0)
+}
+
+// Bad input and a name used both as a lock and as a latch get ErrInvalid.
+func TestLatchBadInput(t *testing.T) {
+	c, rdb := newClient(t)
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	for _, n := range []int{0, -1} {
+		if _, err := c.Latch(name).TrySetCount(ctx, n); !errors.Is(err, dlock.ErrInvalid) {
+			t.Errorf("TrySetCount(%d): %v, want ErrInvalid", n, err)
+		}
+	}
+	if _, err := c.Latch("").TrySetCount(ctx, 1); !errors.Is(err, dlock.ErrInvalid) {
+		t.Errorf("empty name: %v, want ErrInvalid", err)
+	}
+	if err := c.Latch("").Wait(ctx); !errors.Is(err, dlock.ErrInvalid) {
+		t.Errorf("empty name Wait: %v, want ErrInvalid", err)
+	}
+	if n := rdb.Exists(ctx, lockKey(name)).Val(); n != 0 {
+		t.Fatal("bad input left a key")
+	}
+	l, err := c.Mutex(name).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := c.Latch(name)
+	if _, err := d.TrySetCount(ctx, 1); !errors.Is(err, dlock.ErrInvalid) || !contains(err, "mutex") {
+		t.Errorf("TrySetCount on a held Mutex: %v", err)
+	}
+	if err := d.CountDown(ctx); !errors.Is(err, dlock.ErrInvalid) {
+		t.Errorf("CountDown on a held Mutex: %v", err)
+	}
+	if _, err := d.Count(ctx); !errors.Is(err, dlock.ErrInvalid) {
+		t.Errorf("Count on a held Mutex: %v", err)
+	}
+	if err := d.Wait(ctx); !errors.Is(err, dlock.ErrInvalid) {
+		t.Errorf("Wait on a held Mutex: %v", err)
+	}
+	_ = l.Unlock(ctx)
+	if _, err := d.TrySetCount(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Mutex(name).TryLock(ctx); !errors.Is(err, dlock.ErrInvalid) || !contains(err, "latch") {
+		t.Errorf("Mutex on a latch: %v", err)
+	}
+	if _, err := c.Semaphore(name, 2).TryAcquire(ctx, 1); !errors.Is(err, dlock.ErrInvalid) {
+		t.Errorf("Semaphore on a latch: %v", err)
+	}
+	info, err := c.Inspect(ctx, name)
+	if err != nil || info.Kind != "latch" || info.Count != 2 {
+		t.Errorf("Inspect = %+v, %v", info, err)
+	}
+	rdb.Set(ctx, lockKey(name), "x", 0)
+	if _, err := d.TrySetCount(ctx, 1); err == nil {
+		t.Errorf("TrySetCount on a string key: no error")
+	}
+	if err := d.CountDown(ctx); err == nil {
+		t.Errorf("CountDown on a string key: no error")
+	}
+}
