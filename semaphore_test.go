@@ -383,3 +383,68 @@ func TestSemaphoreInspect(t *testing.T) {
 		_ = r.l.Unlock(ctx)
 	}
 }
+
+// On a Redis Cluster, a semaphore's waiter in another Client is admitted by push when a
+// holder releases, and a latch's waiters are woken by push (shard channels) by the last
+// CountDown, on names on different masters.
+func TestSemaphoreAndLatchOnACluster(t *testing.T) {
+	dlock.SetLatchRecheck(t, time.Minute)
+	cl := redistest.StartClusterT(t, redistest.ClusterConfig{})
+	cc := cl.Client()
+	defer cc.Close()
+	ctx := ctxT(t)
+	a := dlock.New(cc)
+	defer a.Close(ctx)
+	b := dlock.New(cc)
+	defer b.Close(ctx)
+	for i, m := range cl.Masters()[:2] {
+		name := namesOn(t, cc, m, 1)[0]
+		held, err := a.Semaphore(name, 2).Acquire(ctx, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := acquired(ctx, b.Semaphore(name, 2), 1)
+		waitQueued(t, a, name, 1)
+		if err := held.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case r := <-got:
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			_ = r.l.Unlock(ctx)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("master %d: the waiter was not admitted", i)
+		}
+
+		latch := namesOn(t, cc, m, 2)[1]
+		if ok, err := a.Latch(latch).TrySetCount(ctx, 1); !ok || err != nil {
+			t.Fatal(ok, err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- b.Latch(latch).Wait(ctx) }()
+		admin := m.Client()
+		ch := lockKey(latch) + ":released"
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+			if n, err := admin.PubSubShardNumSub(ctx, ch).Result(); err == nil && n[ch] > 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the latch's waiter never subscribed")
+			}
+		}
+		admin.Close()
+		if err := a.Latch(latch).CountDown(ctx); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("master %d: the latch's waiter was not woken by push", i)
+		}
+	}
+}
