@@ -197,7 +197,8 @@ func TestDemoLockedRunsAreExact(t *testing.T) {
 		t.Fatalf("demo exit %d\n%s\n%s", code, out, errs)
 	}
 	for _, want := range []string{"exact: 8 sold, 2 refused", "exact: 20 orders", "exact: one clean-up per tick", "exact: 0",
-		"exact: no torn read", "exact: money conserved, no deadlock"} {
+		"exact: no torn read", "exact: money conserved, no deadlock", "exact: never more than 2 at once",
+		"exact: no order before every warehouse was loaded"} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("demo output lacks %q:\n%s", want, out)
 		}

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -28,16 +29,21 @@ type scenario struct {
 	setup       func(ctx context.Context, rdb redis.UniversalClient, keys demoKeys) error
 	act         func(ctx context.Context, w *worker, actor int) error // one actor, in a worker
 	outcome     func(ctx context.Context, rdb redis.UniversalClient, keys demoKeys, took time.Duration) (outcome, error)
+	// dies, if set, names the worker processes of a run that kill themselves on purpose
+	// (SIGKILL, a crash the run shows surviving).
+	dies func(run string, proc int) bool
 }
 
 // Run labels: what a worker's helpers (worker.go) take the lock with.
 const (
-	noLock     = "no lock"
-	withDlock  = "with dlock"
-	runMutex   = "Mutex"
-	runRWMutex = "RWMutex"
-	runNested  = "nested Mutexes"
-	runMulti   = "MultiLock"
+	noLock       = "no lock"
+	withDlock    = "with dlock"
+	runMutex     = "Mutex"
+	runRWMutex   = "RWMutex"
+	runNested    = "nested Mutexes"
+	runMulti     = "MultiLock"
+	runSemaphore = "Semaphore"
+	runLatch     = "Latch"
 )
 
 func (s *scenario) runLabels() []string {
@@ -61,10 +67,10 @@ func (k demoKeys) key(name string) string { return string(k) + name }
 
 var scenarios = map[string]*scenario{
 	"tickets": ticketScenario, "seckill": seckillScenario, "cron": cronScenario, "counter": counterScenario,
-	"prices": pricesScenario, "transfer": transferScenario,
+	"prices": pricesScenario, "transfer": transferScenario, "exports": exportsScenario, "sale": saleScenario,
 }
 
-const scenarioOrder = "tickets seckill cron counter prices transfer"
+const scenarioOrder = "tickets seckill cron counter prices transfer exports sale"
 
 func runDemo(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("dlock demo", flag.ContinueOnError)
@@ -162,7 +168,7 @@ func runOnce(s *scenario, conn *connection, rdb redis.UniversalClient, run strin
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if out, err := cmd.CombinedOutput(); err != nil {
+			if out, err := cmd.CombinedOutput(); err != nil && !(s.dies != nil && s.dies(run, p) && killed(err)) {
 				errs[p] = fmt.Errorf("worker %d: %v: %s", p, err, strings.TrimSpace(string(out)))
 			}
 		}()
@@ -200,10 +206,24 @@ func progress(stderr io.Writer, name, run string) (stop func()) {
 	return func() { close(done); <-finished }
 }
 
+// killed reports a worker that died of SIGKILL.
+func killed(err error) bool {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok {
+			return ws.Signaled() && ws.Signal() == syscall.SIGKILL
+		}
+	}
+	return false
+}
+
+// cleanup deletes a run's keys, and the dlock keys of its locks (a latch the run left set).
 func cleanup(rdb redis.UniversalClient, keys demoKeys) {
 	ctx := context.Background()
-	iter := rdb.Scan(ctx, 0, string(keys)+"*", 100).Iterator()
-	for iter.Next(ctx) {
-		rdb.Del(ctx, iter.Val())
+	for _, match := range []string{string(keys) + "*", "dlock:{" + string(keys) + "*"} {
+		iter := rdb.Scan(ctx, 0, match, 100).Iterator()
+		for iter.Next(ctx) {
+			rdb.Del(ctx, iter.Val())
+		}
 	}
 }

@@ -201,7 +201,16 @@ local function queue_up(foreign)
     redis.call('PEXPIRE', KEYS[4], ARGV[11])
     redis.call('PEXPIRE', KEYS[5], ARGV[11])
   end
-  return done({0, redis.call('PTTL', KEYS[1]), foreign, behind})
+  local pttl = redis.call('PTTL', KEYS[1])
+  if sem and pttl > 0 then
+    -- Permits of a dead holder free at its deadline, the earliest of which "#x" bounds: try
+    -- again then, not at the key's TTL (the latest holder's).
+    local x = tonumber(redis.call('HGET', KEYS[1], '#x') or '0')
+    if x > 0 then
+      pttl = math.max(1, math.min(pttl, x - now_ms() + 1))
+    end
+  end
+  return done({0, pttl, foreign, behind})
 end
 
 -- ahead reports whether the caller may go ahead of the queue's first live waiter head (which
