@@ -42,6 +42,15 @@
 // waits in that member's queue; after 5 ms it takes the members in name order. Its lease covers every member (Lease.Tokens gives each
 // token) and is lost with any of them.
 //
+// A Semaphore (Client.Semaphore) gives out at most N permits at once, each Acquire(n) taking
+// n of them under the same kind of lease: renewed, loss-detected, given back by Unlock or when
+// the lease ends (a holder that dies gives its permits back within its TTL, never later).
+// Waiters queue in one FIFO in Redis and are admitted first in line when their permits fit, so
+// a large request is not overtaken by small ones; a release pushes exactly those it admits. A
+// Latch (Client.Latch) is a count-down latch: TrySetCount starts it, CountDown takes one off,
+// Wait returns once it reaches zero (at once on a latch with no state), woken by push; an
+// abandoned latch expires after its TTL (DefaultLatchTTL).
+//
 // Waiting is fair: goroutines of one Client queue locally and are handed the lock without a
 // Redis round trip in bounded batches (cohorting); processes wait in a FIFO kept in Redis,
 // where a release hands the lock to the next live waiter, writing the hold that waiter

@@ -166,3 +166,56 @@ func ExampleMultiLock() {
 	// tokens: 2
 	// unlock: <nil>
 }
+
+// A Semaphore lets at most N holders in at once; each Acquire leases its permits, so a holder
+// that dies gives them back when its lease ends.
+func ExampleSemaphore() {
+	ctx := context.Background()
+	opt, err := redis.ParseURL(os.Getenv("REDIS_URL"))
+	if err != nil {
+		panic(err)
+	}
+	rdb := redis.NewClient(opt)
+	defer rdb.Close()
+	c := dlock.New(rdb)
+	defer c.Close(ctx)
+
+	exports := c.Semaphore("example:exports", 2) // at most 2 exports at once, across processes
+	a, _ := exports.Acquire(ctx, 1)
+	b, _ := exports.Acquire(ctx, 1)
+	_, err = exports.TryAcquire(ctx, 1)
+	fmt.Println("a third export:", errors.Is(err, dlock.ErrNotObtained))
+	_ = a.Unlock(ctx) // gives its permit back
+	free, _ := exports.Available(ctx)
+	fmt.Println("free permits:", free)
+	fmt.Println("unlock:", b.Unlock(ctx))
+	// Output:
+	// a third export: true
+	// free permits: 1
+	// unlock: <nil>
+}
+
+// A Latch opens when its count reaches zero: here a sale waits for its warehouse loaders.
+func ExampleLatch() {
+	ctx := context.Background()
+	opt, err := redis.ParseURL(os.Getenv("REDIS_URL"))
+	if err != nil {
+		panic(err)
+	}
+	rdb := redis.NewClient(opt)
+	defer rdb.Close()
+	c := dlock.New(rdb)
+	defer c.Close(ctx)
+
+	loaded := c.Latch("example:warehouses-loaded")
+	_, _ = loaded.TrySetCount(ctx, 2)
+	for range 2 {
+		go func() { _ = loaded.CountDown(ctx) }() // each loader, once its stock is in
+	}
+	fmt.Println("wait:", loaded.Wait(ctx)) // the sale opens
+	n, _ := loaded.Count(ctx)
+	fmt.Println("count:", n)
+	// Output:
+	// wait: <nil>
+	// count: 0
+}
