@@ -106,6 +106,11 @@ func (o *ownerIDs) fresh() string {
 	return o.handle() + "." + strconv.FormatUint(o.seq.Add(1), 36)
 }
 
+// unique returns an owner id no other call makes, in any handle or process, made from the
+// handle's (WithOwner or not) and c's next hold id: for holds that are never one owner's
+// even when handles share a WithOwner id, as a semaphore's.
+func (o *ownerIDs) unique(c *Client) string { return o.handle() + "." + c.nextHoldID() }
+
 // holdSpec says which hold to take: lock, owner and configuration.
 type holdSpec struct {
 	name      string

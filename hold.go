@@ -211,7 +211,7 @@ func runRelease(ctx context.Context, c *Client, k keys, owner, holdID string, a 
 		[]string{k.lock, k.opLog, k.fence, k.queue, k.live},
 		owner, holdID, opLogTTL.Milliseconds(), k.channel, mode == releaseIfAcquired,
 		grantGrace.Milliseconds(), c.publishCmd, mode == releaseLeavingQueue,
-		bargeWindow.Milliseconds(), string(a), strings.Join(undo, " "), sem.permits).Int()
+		bargeWindow.Milliseconds(), string(a), strings.Join(undo, " "), sem.permits, sem.n).Int()
 }
 
 // access is how a hold holds its lock: a mutex's (""), a read-write lock's shared ("r")
@@ -235,6 +235,14 @@ type semSpec struct {
 // reentry says why a hold with access held cannot be re-entered with access want, or "".
 func (held access) reentry(want access) string {
 	switch {
+	case held == accessPermits || want == accessPermits:
+		if held == want {
+			return "" // not reached: a semaphore's holds are never re-entered (no lock key in its ref)
+		}
+		if held == accessPermits {
+			return "the context holds it as a semaphore, not a lock"
+		}
+		return "the context holds it as a lock, not a semaphore"
 	case (held == accessMutex) != (want == accessMutex):
 		if held == accessMutex {
 			return "the context holds it as a mutex, not a read-write lock"

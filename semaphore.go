@@ -43,15 +43,19 @@ type Semaphore struct {
 	ids ownerIDs
 }
 
+// MaxPermits is the most permits a Semaphore may have (counts are exact integers in Redis's
+// Lua scripts far beyond it).
+const MaxPermits = 1 << 30
+
 // Semaphore returns a handle on the semaphore called name with permits permits. An invalid
-// name, a count below 1 or an invalid option is reported by the handle's calls as
-// ErrInvalid; Semaphore itself never fails.
+// name, a count outside 1..MaxPermits or an invalid option is reported by the handle's calls
+// as ErrInvalid; Semaphore itself never fails.
 func (c *Client) Semaphore(name string, permits int, opts ...Option) *Semaphore {
 	s := &Semaphore{c: c, name: name, cfg: c.cfg.apply(opts), permits: permits}
 	s.ids.init(s.cfg)
 	var perr error
-	if permits < 1 {
-		perr = fmt.Errorf("%w: semaphore %q: %d permits: must be at least 1", ErrInvalid, name, permits)
+	if permits < 1 || permits > MaxPermits {
+		perr = fmt.Errorf("%w: semaphore %q: %d permits: must be 1 to %d", ErrInvalid, name, permits, MaxPermits)
 	}
 	s.err = join(c.err, validateName(name), perr, s.cfg.validate())
 	s.keys = lockKeys(s.cfg.keyPrefix(), name)
@@ -93,7 +97,7 @@ func (s *Semaphore) acquire(ctx context.Context, n int, wait bool) (*Lease, erro
 	}
 	ref := lockRef{c: s.c, name: s.name} // no lock key: never re-entered
 	return s.c.lockWith(ctx, ref, accessPermits, func() (*Lease, error) {
-		spec := holdSpec{name: s.name, keys: s.keys, cfg: s.cfg, owner: s.ids.fresh(),
+		spec := holdSpec{name: s.name, keys: s.keys, cfg: s.cfg, owner: s.ids.unique(s.c),
 			access: accessPermits, sem: semSpec{permits: s.permits, n: n}}
 		return s.c.plainLease(ctx, ref, spec, wait)
 	})
@@ -109,13 +113,13 @@ func (s *Semaphore) Available(ctx context.Context) (int, error) {
 	if s.err != nil {
 		return 0, s.err
 	}
-	f, err := s.c.rdb.HMGet(ctx, s.keys.lock, "#k", "#n", "#u").Result()
+	f, err := s.c.rdb.HMGet(ctx, s.keys.lock, "#k", "#n", "#u", "#v").Result()
 	if err != nil {
 		return 0, redisErr("read semaphore", s.name, err)
 	}
 	kind, _ := f[0].(string)
-	if f[0] == nil && f[1] == nil {
-		return s.permits, nil
+	if f[0] == nil && f[3] == nil {
+		return s.permits, nil // no state: every permit is free
 	}
 	if kind != "sem" {
 		return 0, fmt.Errorf("%w: %q is held as a lock, not a semaphore", ErrInvalid, s.name)

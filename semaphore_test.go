@@ -215,6 +215,7 @@ func TestSemaphoreBadInput(t *testing.T) {
 		{"n = 0", c.Semaphore(name, 2), 0},
 		{"n < 0", c.Semaphore(name, 2), -1},
 		{"n > permits", c.Semaphore(name, 2), 3},
+		{"too many permits", c.Semaphore(name, dlock.MaxPermits+1), 1},
 	} {
 		if _, err := tc.s.TryAcquire(ctx, tc.n); !errors.Is(err, dlock.ErrInvalid) {
 			t.Errorf("%s: TryAcquire: %v, want ErrInvalid", tc.what, err)
@@ -260,6 +261,115 @@ func TestSemaphoreBadInput(t *testing.T) {
 	defer m.Unlock(ctx)
 	if _, err := c.Semaphore(name, 2).TryAcquire(ctx, 1); !errors.Is(err, dlock.ErrInvalid) {
 		t.Errorf("Semaphore on a held Mutex: %v, want ErrInvalid", err)
+	}
+	if _, err := c.Semaphore(name, 2).Available(ctx); !errors.Is(err, dlock.ErrInvalid) {
+		t.Errorf("Available on a held Mutex: %v, want ErrInvalid", err)
+	}
+}
+
+// A free semaphore whose waiters still queue (its holder's lease ran out: the key deleted
+// here) is a semaphore to every caller: a lock call, or a semaphore handle of another count,
+// is refused, not handed the waiters (found by review: they were admitted as a read-write
+// lock's readers, or with the caller's count). Its first waiter then takes it.
+func TestSemaphoreWaitersKeepTheNameAsASemaphore(t *testing.T) {
+	c, rdb := newClient(t)
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	held, err := c.Semaphore(name, 1).Acquire(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var waits []<-chan leaseOrErr
+	for i := range 2 {
+		w, _ := newClient(t)
+		waits = append(waits, acquired(ctx, w.Semaphore(name, 1), 1))
+		waitQueued(t, c, name, i+1)
+	}
+	rdb.Del(ctx, lockKey(name)) // the holder's lease ran out
+	if _, err := c.Mutex(name).TryLock(ctx); !errors.Is(err, dlock.ErrInvalid) || !contains(err, "semaphore") {
+		t.Errorf("Mutex on a free semaphore with waiters: %v, want ErrInvalid naming the semaphore", err)
+	}
+	if _, err := c.RWMutex(name).TryRLock(ctx); !errors.Is(err, dlock.ErrInvalid) {
+		t.Errorf("RWMutex on a free semaphore with waiters: %v, want ErrInvalid", err)
+	}
+	if _, err := c.Semaphore(name, 3).TryAcquire(ctx, 3); !errors.Is(err, dlock.ErrInvalid) || !contains(err, "1 permits") {
+		t.Errorf("another count on a free semaphore with waiters: %v, want ErrInvalid naming 1 permit", err)
+	}
+	first := <-waits[0]
+	if first.err != nil {
+		t.Fatal(first.err)
+	}
+	if info, err := c.Inspect(ctx, name); err != nil || info.Kind != "semaphore" || info.PermitsOut != 1 || info.Waiters != 1 {
+		t.Fatalf("after the first waiter took it: %+v, %v", info, err)
+	}
+	if err := first.l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	second := <-waits[1]
+	if second.err != nil {
+		t.Fatal(second.err)
+	}
+	_ = second.l.Unlock(ctx)
+	_ = held
+}
+
+// A semaphore lease's context is no lock's: lock calls given it fail, and Acquire given it
+// takes more permits under a hold of its own (found by review: an RWMutex re-entered it).
+func TestSemaphoreLeaseContextIsNoLocks(t *testing.T) {
+	c, _ := newClient(t)
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	s := c.Semaphore(name, 3)
+	l, err := s.Acquire(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Unlock(ctx)
+	if _, err := c.RWMutex(name).Lock(l.Context()); !errors.Is(err, dlock.ErrInvalid) {
+		t.Errorf("RWMutex.Lock with a semaphore lease's context: %v, want ErrInvalid", err)
+	}
+	if _, err := c.RWMutex(name).RLock(l.Context()); !errors.Is(err, dlock.ErrInvalid) {
+		t.Errorf("RWMutex.RLock with a semaphore lease's context: %v, want ErrInvalid", err)
+	}
+	if _, err := c.Mutex(name).Lock(l.Context()); !errors.Is(err, dlock.ErrInvalid) || !contains(err, "semaphore") {
+		t.Errorf("Mutex.Lock with a semaphore lease's context: %v, want ErrInvalid naming the semaphore", err)
+	}
+	more, err := s.Acquire(l.Context(), 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if more.Owner() == l.Owner() {
+		t.Errorf("Acquire with a lease's context re-entered it (owner %s)", more.Owner())
+	}
+	mustAvailable(t, s, 0)
+	_ = more.Unlock(ctx)
+}
+
+// Semaphore handles sharing a WithOwner id (one process or several) hold apart (found by
+// review: the second Acquire took the first one's hold for a stale one of its own).
+func TestSemaphoreHandlesSharingAnOwnerIDHoldApart(t *testing.T) {
+	c, _ := newClient(t)
+	other, _ := newClient(t)
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	a, err := c.Semaphore(name, 2, dlock.WithOwner("host-a")).Acquire(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-dlock.Tracked(a)
+	b, err := other.Semaphore(name, 2, dlock.WithOwner("host-a")).Acquire(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Semaphore(name, 2).TryAcquire(ctx, 1); !errors.Is(err, dlock.ErrNotObtained) {
+		t.Fatalf("a third permit of 2: %v, want ErrNotObtained", err)
+	}
+	mustAvailable(t, c.Semaphore(name, 2), 0)
+	if err := a.Unlock(ctx); err != nil {
+		t.Fatalf("the first holder's Unlock: %v (its hold was taken)", err)
+	}
+	if err := b.Unlock(ctx); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -45,8 +45,10 @@
 --          attempt under one of them that arrives later changes nothing (as does any attempt
 --          under a hold id marked given up in the op log)
 -- ARGV[16] with mode "s" (a semaphore, lib.lua): the permits this call takes (1..ARGV[17])
--- ARGV[17] with mode "s": the semaphore's number of permits; a semaphore held with another
---          number is refused with a DLOCKPERMITS error (a free one takes this number)
+-- ARGV[17] with mode "s": the semaphore's number of permits; a semaphore held (or granted to
+--          its first waiter) with another number is refused with a DLOCKPERMITS error (a free
+--          one with nobody waiting takes this number). A free lock whose first waiter waits for
+--          another kind of lock is refused with DLOCKKIND: the name is in use as that kind.
 --
 -- Returns {1, token, holdCount, waiting} when the caller holds the lock after the call (fresh,
 -- re-entered, a granted lock now confirmed, or a retry of a call that already succeeded;
@@ -72,7 +74,14 @@ if mode == 's' then
   end
 end
 local kind = sem and 'sem' or (mode ~= '' and 'rw' or '')
-local me = member(mode, owner)
+
+-- permits_error is the reply to a semaphore's call naming another number of permits than the
+-- semaphore held (or waited for) with theirs.
+local function permits_error(theirs)
+  return redis.error_reply('DLOCKPERMITS lock ' .. KEYS[1] .. ' is a semaphore of ' .. tostring(theirs) ..
+    ' permits, not ' .. sem[1])
+end
+local me = member(mode, owner, sem)
 local record = 'p:' .. me -- our place's record in the op log, while we wait (lib.lua)
 local msgs = {}
 
@@ -157,14 +166,9 @@ local function later_own_hold(k_lock, who, id, reading)
   return false
 end
 
--- record_value is our place's record (lib.lua): this attempt's hold id, its number, our TTL
--- and, waiting for a semaphore, our permits.
+-- record_value is our place's record (lib.lua): this attempt's hold id, its number, our TTL.
 local function record_value()
-  local v = ARGV[3] .. ' ' .. (ARGV[14] or '0') .. ' ' .. ARGV[2]
-  if sem then
-    v = v .. ' ' .. sem[2]
-  end
-  return v
+  return ARGV[3] .. ' ' .. (ARGV[14] or '0') .. ' ' .. ARGV[2]
 end
 
 local function queue_up(foreign)
@@ -233,13 +237,23 @@ end
 -- line while no writer waits, joins them).
 local function take_free()
   local head, waited = first_waiter(KEYS[4], KEYS[5])
+  if head and member_kind(head) ~= kind then
+    -- Its waiters wait for another kind of lock: the name is in use as that kind.
+    return kind_error(KEYS[1], kind, member_kind(head))
+  end
+  if sem and head then
+    local _, _, theirs = split_member(head)
+    if theirs[1] ~= sem[1] then
+      return permits_error(theirs[1])
+    end
+  end
   if head == nil or ahead(head, waited) then
     return fresh()
   end
   -- It goes to the waiter ahead of us.
   leave_queue(KEYS[4], KEYS[5], head)
-  local token = grant(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], head, ARGV[8], ARGV[4], msgs, sem and sem[1])
-  if mode == 'r' and head:sub(1, 2) == 'r:' then
+  local token = grant(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], head, ARGV[8], ARGV[4], msgs)
+  if (mode == 'r' and head:sub(1, 2) == 'r:') or (sem and head:sub(1, 2) == 's:') then
     local c = redis.call('HMGET', KEYS[1], owner, mark)
     if c[1] == '0' then
       -- We were queued among the readers admitted: confirm our own grant now (add_reader
@@ -306,8 +320,7 @@ if (f[5] or '') ~= kind then
   return kind_error(KEYS[1], kind, f[5])
 end
 if sem and tonumber(f[7]) ~= sem[1] then
-  return redis.error_reply('DLOCKPERMITS lock ' .. KEYS[1] .. ' is a semaphore of ' .. tostring(f[7]) ..
-    ' permits, not ' .. sem[1])
+  return permits_error(f[7])
 end
 if f[6] == 'r' then
   -- Readers whose deadline passed are gone; with none left the lock is free.

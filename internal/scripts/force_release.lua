@@ -10,14 +10,11 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
   return 0
 end
 local head = first_waiter(KEYS[4], KEYS[5])
--- A semaphore's waiters are granted as one (with its number of permits).
-local f = lock_fields(KEYS[1], '#k', '#n')
-local permits = f and f[1] == 'sem' and tonumber(f[2]) or nil
 redis.call('DEL', KEYS[1])
 if head then
   leave_queue(KEYS[4], KEYS[5], head)
   local msgs = {}
-  grant(KEYS[1], KEYS[3], KEYS[2], KEYS[4], KEYS[5], head, ARGV[3], ARGV[1], msgs, permits)
+  grant(KEYS[1], KEYS[3], KEYS[2], KEYS[4], KEYS[5], head, ARGV[3], ARGV[1], msgs)
   notify_all(ARGV[4], ARGV[2], msgs)
 end
 return 1

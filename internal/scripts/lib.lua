@@ -90,20 +90,40 @@ end
 -- one reserved when the read phase began, shared by its readers. Queue members of a read-write
 -- lock are "r:"..owner and "w:"..owner; a mutex's are owners. mode is '' for a mutex.
 
--- member returns owner's queue member in mode.
-local function member(mode, owner)
+-- member returns owner's queue member in mode; sem, for a semaphore's waiter, is {permits,
+-- n}: its member carries the semaphore's number of permits and how many it waits for
+-- ("s:<permits>:<n>:"..owner), so every script can grant it as a semaphore would.
+local function member(mode, owner, sem)
+  if sem then
+    return 's:' .. sem[1] .. ':' .. sem[2] .. ':' .. owner
+  end
   if mode == '' then return owner end
   return mode .. ':' .. owner
 end
 
--- split_member returns a queue member's mode and owner ("r:"/"w:" members are a read-write
--- lock's; owner ids may not start so, see WithOwner).
+-- split_member returns a queue member's mode, owner and, for a semaphore's waiter (mode
+-- "s"), its {permits, n} ("r:"/"w:" members are a read-write lock's, "s:" a semaphore's;
+-- owner ids may not start so, see WithOwner).
 local function split_member(m)
   local p = m:sub(1, 2)
   if p == 'r:' or p == 'w:' then
     return m:sub(1, 1), m:sub(3)
   end
+  if p == 's:' then
+    local permits, n, owner = m:match('^s:(%d+):(%d+):(.*)$')
+    if owner then
+      return 's', owner, {tonumber(permits), tonumber(n)}
+    end
+  end
   return '', m
+end
+
+-- member_kind is the kind ("#k" value) of the lock a queue member waits for.
+local function member_kind(m)
+  local p = m:sub(1, 2)
+  if p == 'r:' or p == 'w:' then return 'rw' end
+  if p == 's:' then return 'sem' end
+  return ''
 end
 
 -- KINDS names a lock hash's "#k" field for each kind of lock, as an error message says it.
@@ -356,17 +376,10 @@ end
 
 -- Semaphores. A semaphore is a lock in read mode whose "#k" is "sem": its holders are readers,
 -- each with the permits it holds in "#c:"..owner; "#n" is its number of permits and "#u" how
--- many are out. Its waiters queue as readers ("r:"..owner), and each records, after its hold
--- (see above), how many permits it waits for: "<holdId> <attempt> <ttl ms> <permits>". A
+-- many are out. Its waiters' queue members say how many permits they wait for (member). A
 -- waiter is admitted when it is first in line and its permits fit: one that waits for many is
--- not overtaken by later ones that would fit (strict FIFO).
-
--- waiter_permits returns how many permits the queue member who waits for, from its record;
--- without one (it cannot be read) all of them, which never admits too many.
-local function waiter_permits(k_log, who, permits)
-  local p = redis.call('HGET', k_log, 'p:' .. who)
-  return tonumber(p and p:match('^%S+ %d+ %d+ (%d+)$') or '') or permits
-end
+-- not overtaken by later ones that would fit (strict FIFO). One that names another number of
+-- permits than the semaphore's is not admitted; its own next attempt is refused.
 
 -- admit_permits admits, to a semaphore held in read mode, the waiters first in its queue whose
 -- permits fit, in order, up to the first that does not: as admit_readers, each with its
@@ -378,22 +391,21 @@ local function admit_permits(k_lock, k_log, k_queue, k_live, t, grace, log_ttl, 
   local head
   for _ = 1, 1000 do
     head = first_waiter(k_queue, k_live)
-    if not head or head:sub(1, 2) ~= 'r:' then
+    if not head then
       break
     end
-    local n = waiter_permits(k_log, head, permits)
-    if used + n > permits then
+    local mode, owner, sem = split_member(head)
+    if mode ~= 's' or sem[1] ~= permits or used + sem[2] > permits then
       break
     end
-    local owner = head:sub(3)
     leave_queue(k_queue, k_live, head)
     local mark, rec, ttl = pending_hold(k_log, head, grace)
     if not mark then
       redis.call('HSET', k_log, 'g:' .. owner, t)
       redis.call('PEXPIRE', k_log, log_ttl)
     end
-    add_reader(k_lock, owner, mark, ttl, n)
-    used = used + n
+    add_reader(k_lock, owner, mark, ttl, sem[2])
+    used = used + sem[2]
     granted[#granted + 1] = {owner, rec}
   end
   local waiting = head and 1 or 0
@@ -402,18 +414,17 @@ local function admit_permits(k_lock, k_log, k_queue, k_live, t, grace, log_ttl, 
   end
 end
 
--- grant hands the free lock to the queue member head: with the hold it recorded, or with the
--- short TTL grace until it confirms by running acquire (see above); a reader at the head
--- brings every reader queued right behind it (they share the phase's token), and a
--- semaphore's waiter (permits: the semaphore's number of permits, nil for a lock) those
--- behind it whose permits fit. A grant to be confirmed is recorded in the op log (g:<owner> =
--- token) before the lock is written, so the grantee can tell it from a stale one. It returns
--- the token; the messages the caller publishes last (notify_all) are appended to msgs.
-local function grant(k_lock, k_fence, k_log, k_queue, k_live, head, grace, log_ttl, msgs, permits)
-  local mode, owner = split_member(head)
-  local sem
-  if permits then
-    sem = {permits, math.min(waiter_permits(k_log, head, permits), permits)}
+-- grant hands the free lock to the queue member head, as the kind of lock it waits for: with
+-- the hold it recorded, or with the short TTL grace until it confirms by running acquire (see
+-- above); a reader at the head brings every reader queued right behind it (they share the
+-- phase's token), and a semaphore's waiter those behind it whose permits fit. A grant to be
+-- confirmed is recorded in the op log (g:<owner> = token) before the lock is written, so the
+-- grantee can tell it from a stale one. It returns the token; the messages the caller
+-- publishes last (notify_all) are appended to msgs.
+local function grant(k_lock, k_fence, k_log, k_queue, k_live, head, grace, log_ttl, msgs)
+  local mode, owner, sem = split_member(head)
+  if sem then
+    mode = 'r'
   end
   local token = reserve_block(k_fence)
   local t = string.format('%d', token)

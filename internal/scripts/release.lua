@@ -25,8 +25,9 @@
 --         release frees the lock only when it was the last reader
 -- ARGV[11] for a waiter giving up: hold ids of its wait's attempts that got no usable reply,
 --         whose holds go too, and whose attempts arriving later change nothing
--- ARGV[12] with mode "s" (a semaphore, lib.lua): its number of permits, for a grant of the
---         semaphore once free; a holder's release admits the waiters whose permits now fit
+-- ARGV[12], ARGV[13] with mode "s" (a semaphore, lib.lua): its number of permits and how many
+--         the hold takes (its queue member's); a holder's release admits the waiters whose
+--         permits now fit
 --
 -- Returns 3 when the lock was handed to a waiter ("g"/"G" published, lib.lua), 2 when it was
 -- freed ("w <owner>" published when a waiter is first in line), 1 when one of several holds
@@ -36,11 +37,12 @@
 -- (and, for a waiter giving up, the holds named by ARGV[11]).
 local owner, mark = ARGV[1], '#' .. ARGV[2]
 local mode = ARGV[10] or ''
-local permits -- a semaphore's (its holders are readers, lib.lua); nil for a lock
+local sem -- a semaphore's {permits, n} (its holders are readers, lib.lua); nil for a lock
 if mode == 's' then
-  mode, permits = 'r', tonumber(ARGV[12])
+  mode, sem = 'r', {tonumber(ARGV[12]), tonumber(ARGV[13])}
 end
-local kind = permits and 'sem' or (mode ~= '' and 'rw' or '')
+local kind = sem and 'sem' or (mode ~= '' and 'rw' or '')
+local me = member(mode, owner, sem)
 
 -- The op log keeps the hold ids of the owner's RECENT last releases (newest first), so a
 -- retried release is recognised even after the same owner (a Client's cohort, a WithOwner
@@ -67,7 +69,7 @@ local function hand_on()
   if head and waited >= tonumber(ARGV[9]) then
     leave_queue(KEYS[4], KEYS[5], head)
     local msgs = {}
-    grant(KEYS[1], KEYS[3], KEYS[2], KEYS[4], KEYS[5], head, ARGV[6], ARGV[3], msgs, permits)
+    grant(KEYS[1], KEYS[3], KEYS[2], KEYS[4], KEYS[5], head, ARGV[6], ARGV[3], msgs)
     notify_all(ARGV[7], ARGV[4], msgs)
     return 3
   end
@@ -79,20 +81,22 @@ local function hand_on()
   return 2
 end
 
--- admit_more lets in the waiters first in line whose permits now fit a semaphore some holder
--- left (a no-op for a lock: its readers leaving admit nobody while others remain).
+-- admit_more lets in the waiters first in line whose permits now fit, when the lock is a
+-- semaphore some holder left (a lock's readers leaving admit nobody while others remain).
 local function admit_more()
-  if permits then
+  local f = redis.call('HMGET', KEYS[1], '#k', '#t')
+  if f[1] == 'sem' then
     local msgs = {}
-    admit_permits(KEYS[1], KEYS[2], KEYS[4], KEYS[5], redis.call('HGET', KEYS[1], '#t'), ARGV[6], ARGV[3], msgs)
+    admit_permits(KEYS[1], KEYS[2], KEYS[4], KEYS[5], f[2], ARGV[6], ARGV[3], msgs)
     notify_all(ARGV[7], ARGV[4], msgs)
   end
 end
 
 -- let_go drops the owner's last hold (mark; nil for a grant not confirmed): a reader leaves
--- the read phase, which frees the lock only when no other reader remains.
-local function let_go(reading, m)
-  if reading and remove_reader(KEYS[1], owner, m, permits ~= nil) > 0 then
+-- the read phase, which frees the lock only when no other reader remains. lock_kind is the
+-- lock's "#k".
+local function let_go(reading, m, lock_kind)
+  if reading and remove_reader(KEYS[1], owner, m, lock_kind == 'sem') > 0 then
     admit_more()
     return 1
   end
@@ -100,8 +104,8 @@ local function let_go(reading, m)
 end
 
 if ARGV[8] == '1' then
-  leave_queue(KEYS[4], KEYS[5], member(mode, owner))
-  redis.call('HDEL', KEYS[2], 'p:' .. member(mode, owner))
+  leave_queue(KEYS[4], KEYS[5], me)
+  redis.call('HDEL', KEYS[2], 'p:' .. me)
   -- A grant wrote the hold this wait recorded (lib.lua), or the wait's attempt took it
   -- with its reply lost: the waiter never used it. Its owner may hold the lock more than
   -- once (one WithOwner id in several places): then only this hold goes.
@@ -117,11 +121,11 @@ if ARGV[8] == '1' then
   -- A lock granted to us and not yet confirmed is ours to pass on: the grant record names
   -- the lock's current token only while that grant stands (confirming it deletes the record).
   local granted = redis.call('HGET', KEYS[2], 'g:' .. owner)
-  local f = lock_fields(KEYS[1], owner, '#t', '#m')
+  local f = lock_fields(KEYS[1], owner, '#t', '#m', '#k')
   if granted then
     redis.call('HDEL', KEYS[2], 'g:' .. owner)
     if f and f[1] and f[2] == granted and (f[3] ~= 'r' or f[1] == '0') then
-      return let_go(f[3] == 'r', nil)
+      return let_go(f[3] == 'r', nil, f[4])
     end
   end
   if redis.call('EXISTS', KEYS[1]) == 0 then
@@ -129,10 +133,10 @@ if ARGV[8] == '1' then
     -- in line now must hear of it, or it sleeps until its next refresh.
     return hand_on()
   end
-  if permits and f and f[3] == 'r' then
+  if f and f[4] == 'sem' then
     -- A waiter leaving from the head of the queue lets in those behind it whose permits fit.
     admit_more()
-  elseif kind == 'rw' and f and f[3] == 'r' then
+  elseif f and f[4] == 'rw' and f[3] == 'r' then
     -- A writer leaving from the head of the queue lets the readers behind it in.
     local msgs = {}
     admit_readers(KEYS[1], KEYS[2], KEYS[4], KEYS[5], f[2], ARGV[6], ARGV[3], msgs)
@@ -170,4 +174,4 @@ if f[2] ~= '1' then
   redis.call('HINCRBY', KEYS[1], owner, -1)
   return 1
 end
-return let_go(f[5] == 'r', mark)
+return let_go(f[5] == 'r', mark, f[4])
