@@ -64,6 +64,9 @@ type locker interface {
 }
 
 func newLib(name string, e *env) (lib, error) {
+	if l := newSemLib(name, e); l != nil {
+		return l, nil
+	}
 	switch name {
 	case "dlock":
 		return &dlockLib{c: dlock.New(e.rdb)}, nil

@@ -550,6 +550,19 @@ func (d *driver) runLoop(idx int, pr plannedRun) *runResult {
 		lost := r.Ops - total
 		r.LostIncrements = &lost
 	}
+	if sc.Keying == keySemOwn {
+		permits := 1 // a Mutex on the same workload
+		if sc.ID == semID && r.Library != "dlock" {
+			permits = semPermits
+		}
+		var lat []int64
+		r.MostAtOnce, lat = semStats(res, permits)
+		r.Handoffs = len(lat)
+		if len(lat) > 0 {
+			p50, p99 := us(percentile(lat, 0.50)), us(percentile(lat, 0.99))
+			r.WakeP50us, r.WakeP99us = &p50, &p99
+		}
+	}
 	if sc.Keying == keyShared && sc.Procs > 1 {
 		lat := handoffLatencies(res)
 		r.Handoffs = len(lat)
@@ -564,7 +577,7 @@ func (d *driver) runLoop(idx int, pr plannedRun) *runResult {
 // counterTotal reads the run's counter(s): what the critical sections really added.
 func (d *driver) counterTotal(ctx context.Context, sc *scenario, prefix string) (int64, error) {
 	var keys []string
-	if sc.Keying == keyPerG {
+	if sc.Keying == keyPerG || sc.Keying == keySemOwn {
 		for p := 0; p < sc.Procs; p++ {
 			for g := 0; g < sc.Goroutines; g++ {
 				keys = append(keys, gCounterKey(prefix, p, g))

@@ -45,6 +45,7 @@ type runResult struct {
 	Handoffs         int      `json:"cross_process_handoffs,omitempty"`
 	WakeP50us        *float64 `json:"wakeup_p50_us,omitempty"`
 	WakeP99us        *float64 `json:"wakeup_p99_us,omitempty"`
+	MostAtOnce       int      `json:"most_at_once,omitempty"` // semaphore runs: the most holds overlapping in time
 	// read-heavy (rw) and multi-lock runs
 	Reads          int64    `json:"reads,omitempty"`
 	Writes         int64    `json:"writes,omitempty"`
@@ -252,7 +253,7 @@ func (rp *report) markdown() string {
 	for i := range scenarios {
 		sc := &scenarios[i]
 		rs := rp.ofScenario(sc.ID)
-		if len(rs) == 0 || sc.Workload != "" { // rw and multi come after the special scenarios
+		if len(rs) == 0 || sc.Workload != "" || sc.ID == semID { // rw, multi and sem come after the special scenarios
 			continue
 		}
 		p("## %s\n\n", sc.Title)
@@ -304,6 +305,10 @@ func (rp *report) markdown() string {
 		p("\n")
 	}
 	rp.mixSections(&b)
+	if rs := rp.ofScenario(semID); len(rs) > 0 {
+		b.WriteString("## " + scenarioByID(semID).Title + "\n\n")
+		rp.semTable(&b, rs)
+	}
 	rp.targets(&b)
 	if !rp.pg {
 		p("## PostgreSQL advisory locks (optional)\n\n")
@@ -452,6 +457,7 @@ func (rp *report) targets(b *strings.Builder) {
 		}
 	}
 	rp.mixTargets(row)
+	rp.semTargets(row)
 	if d, r := rp.find("uncontended", "dlock"), rp.find("uncontended", "raw"); d != nil && r != nil {
 		row("uncontended ops/s vs raw SET NX + DEL", fmt.Sprintf("%.0f", d.OpsPerSec), fmt.Sprintf("raw %.0f", r.OpsPerSec),
 			ratio(d.OpsPerSec, r.OpsPerSec))

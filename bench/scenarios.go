@@ -59,6 +59,8 @@ var scenarios = []scenario{
 		Procs: 4, Goroutines: 8, Keying: keyShared, CS: csGetSet, Workload: workRW, Libs: rwLibs},
 	{ID: "multi-4x8", Title: "11. Multi-lock 4×8: 4 processes × 8 goroutines, each operation takes 2–3 random names of 16, GET+SET of each name's counter",
 		Procs: 4, Goroutines: 8, Keying: "2–3 of 16", CS: csGetSet, Workload: workMulti, Libs: multiLibs},
+	{ID: semID, Title: "12. Semaphore 4×8: 4 processes × 8 goroutines, one semaphore of 4 permits, GET + sleep 2ms + SET of the holder's own counter",
+		Procs: 4, Goroutines: 8, Keying: keySemOwn, CS: csGetWait, Libs: semLibs},
 }
 
 // rwLibs: dlock's RWMutex, dlock's Mutex on the same workload, PostgreSQL shared advisory locks.

@@ -223,8 +223,11 @@ func loopWorker(spec workerSpec, in *bufio.Scanner) error {
 			}
 			lk := lockers[g]
 			key, ctr := lockKey(spec.Prefix), counterKey(spec.Prefix)
-			if spec.Keying == keyPerG {
+			switch spec.Keying {
+			case keyPerG:
 				key, ctr = gLockKey(spec.Prefix, spec.Proc, g), gCounterKey(spec.Prefix, spec.Proc, g)
+			case keySemOwn:
+				ctr = gCounterKey(spec.Prefix, spec.Proc, g)
 			}
 			for n := 0; time.Now().Before(end); n++ {
 				if spec.Keying == keyFresh {

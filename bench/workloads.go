@@ -306,6 +306,14 @@ func (d *driver) mixResults(ctx context.Context, r *runResult, sc *scenario, res
 
 // --- report
 
+// check says whether a target is met.
+func check(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "**not met**"
+}
+
 func (rp *report) mixSections(b *strings.Builder) {
 	p := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
 	for i := range scenarios {
@@ -405,12 +413,6 @@ func (rp *report) bestChains() string {
 
 // mixTargets adds the read-heavy and multi-lock targets to the targets table.
 func (rp *report) mixTargets(row func(t, d, ref, res string)) {
-	check := func(ok bool) string {
-		if ok {
-			return "met"
-		}
-		return "**not met**"
-	}
 	if rw := rp.find("rw-4x8", "dlock-rw"); rw != nil && rw.WriteWaitP99us != nil {
 		if m := rp.find("rw-4x8", "dlock"); m != nil {
 			row("read-heavy 4×8: RWMutex ops/s vs Mutex (≥ 3×)", fmt.Sprintf("%.0f", rw.OpsPerSec),
