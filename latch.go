@@ -203,6 +203,9 @@ func (d *Latch) Wait(ctx context.Context) error {
 		case <-d.c.bg.Done():
 			return fmt.Errorf("%w: latch %q", ErrClosed, d.name)
 		case <-wake:
+			if sub.takeOpened() {
+				return nil // it reached zero while we listened (only an opening publishes "z")
+			}
 		case <-timer.C:
 		}
 	}

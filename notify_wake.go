@@ -77,7 +77,8 @@ const writerWaits = "#x"
 // waiter with the hold it recorded, handed to that waiter; "g <owner>": a release granted the
 // lock to owner, to confirm; "w <owner>": it freed the lock for owner, first in line, to
 // compete for; either way only that waiter wakes. "x": a writer joined the queue, which wakes
-// the shared read holds (readshare.go). Anything else wakes every waiter.
+// the shared read holds (readshare.go). "z": a latch opened (its waiters return at once).
+// Anything else wakes every waiter.
 func (n *notifier) released(channel, payload string) {
 	owner := ""
 	g, gOwner, granted := parseGrant(payload)
@@ -91,6 +92,12 @@ func (n *notifier) released(channel, payload string) {
 	}
 	n.mu.Lock()
 	if cs := n.chans[channel]; cs != nil {
+		if payload == "z" {
+			// A latch opened (latch_down.lua): its waiters return without reading it again.
+			for s := range cs.waiters {
+				s.opened = true
+			}
+		}
 		wakeGranted(cs, owner, g)
 	}
 	n.mu.Unlock()
@@ -137,6 +144,20 @@ type subscription struct {
 	c         chan struct{}
 	confirmed bool      // false: the channel may not be subscribed, so the waiter must poll
 	grant     *grantMsg // the latest grant pushed to the waiter (n.mu); see takeGrant
+	opened    bool      // a latch's "z" came while subscribed (n.mu); see takeOpened
+}
+
+// takeOpened reports, and forgets, whether a latch's opening ("z") was pushed to the waiter:
+// the latch reached zero while the waiter was subscribed.
+func (s *subscription) takeOpened() bool {
+	if s.cs == nil {
+		return false
+	}
+	s.n.mu.Lock()
+	defer s.n.mu.Unlock()
+	o := s.opened
+	s.opened = false
+	return o
 }
 
 // takeGrant returns, and forgets, the latest grant pushed to the waiter since the last call.

@@ -267,6 +267,8 @@ func (d *driver) runAll(runs []plannedRun) {
 			r = d.runKilled(i, pr)
 		case pr.id == memoryID:
 			r = d.runMemory(i, pr)
+		case pr.id == latchID:
+			r = d.runLatch(i, pr)
 		}
 		d.results = append(d.results, r)
 		fmt.Fprintf(os.Stderr, "[%d/%d] %-32s %s (%.1fs)\n", i+1, len(runs), pr.name(), r.summary(),

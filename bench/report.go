@@ -72,6 +72,8 @@ func (r *runResult) summary() string {
 	switch r.Scenario {
 	case killedID:
 		return fmt.Sprintf("max stall %.0f ms (%s)", r.MaxStallMs, joinFloats(r.StallsMs, "%.0f"))
+	case latchID:
+		return fmt.Sprintf("%d waits released: p50 %s, p99 %s, max %s", r.Ops, fmtUs(r.WaitP50us), fmtUs(r.WaitP99us), fmtUs(r.WaitMaxus))
 	case memoryID:
 		m := r.Memory
 		return fmt.Sprintf("%d waiters: +%.1f MB RSS, %d waiting conns of %d, drained in %d ms",
@@ -309,6 +311,7 @@ func (rp *report) markdown() string {
 		b.WriteString("## " + scenarioByID(semID).Title + "\n\n")
 		rp.semTable(&b, rs)
 	}
+	rp.latchSection(&b)
 	rp.targets(&b)
 	if !rp.pg {
 		p("## PostgreSQL advisory locks (optional)\n\n")
@@ -458,6 +461,7 @@ func (rp *report) targets(b *strings.Builder) {
 	}
 	rp.mixTargets(row)
 	rp.semTargets(row)
+	rp.latchTargets(row)
 	if d, r := rp.find("uncontended", "dlock"), rp.find("uncontended", "raw"); d != nil && r != nil {
 		row("uncontended ops/s vs raw SET NX + DEL", fmt.Sprintf("%.0f", d.OpsPerSec), fmt.Sprintf("raw %.0f", r.OpsPerSec),
 			ratio(d.OpsPerSec, r.OpsPerSec))

@@ -112,6 +112,9 @@ func plan(only *regexp.Regexp, havePG bool) []plannedRun {
 	for _, l := range memoryLibs {
 		add(nil, memoryID, l)
 	}
+	for _, l := range latchLibs {
+		add(nil, latchID, l)
+	}
 	return out
 }
 

@@ -105,6 +105,8 @@ func workerMain(specJSON string) int {
 		err = killWaitWorker(spec, in)
 	case modeMemory:
 		err = memoryWorker(spec, in)
+	case modeLatch:
+		err = latchWorker(spec, in)
 	default:
 		err = fmt.Errorf("unknown mode %q", spec.Mode)
 	}
