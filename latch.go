@@ -5,10 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/dlock-go/dlock/internal/scripts"
-	"github.com/redis/go-redis/v9"
 )
 
 // DefaultLatchTTL is how long a latch lives after its last TrySetCount or CountDown when
@@ -68,7 +68,7 @@ func (d *Latch) TrySetCount(ctx context.Context, count int) (bool, error) {
 	if count < 1 {
 		return false, fmt.Errorf("%w: latch %q: count %d: must be at least 1", ErrInvalid, d.name, count)
 	}
-	set, err := scripts.LatchSet.Run(ctx, d.c.rdb, []string{d.keys.lock}, count, d.ttl.Milliseconds()).Int()
+	set, err := scripts.LatchSet.Run(ctx, d.c.rdb, []string{d.keys.lock}, count, d.ttl.Milliseconds(), d.c.nextHoldID()).Int()
 	if err != nil {
 		return false, redisErr("set latch", d.name, err)
 	}
@@ -79,13 +79,16 @@ func (d *Latch) TrySetCount(ctx context.Context, count int) (bool, error) {
 // waiters are woken. On an open latch (no state in Redis) it does nothing: a count never goes
 // below zero. It returns ErrInvalid for a name used as a lock, and the Redis error (matching
 // ErrUnavailable when Redis gave no definite answer: the count may then have gone down) if
-// the call fails. A CountDown is not idempotent: retrying one that failed so may count twice.
+// the call fails. A resend of the call by go-redis counts once; a CountDown called again by
+// the caller after an ErrUnavailable may count twice.
 func (d *Latch) CountDown(ctx context.Context) error {
 	if d.err != nil {
 		return d.err
 	}
 	k := d.keys
-	err := scripts.LatchDown.Run(ctx, d.c.rdb, []string{k.lock}, d.ttl.Milliseconds(), k.channel, d.c.publishCmd).Err()
+	// One id per call: go-redis may resend the script after a lost reply, which must not
+	// count twice.
+	err := scripts.LatchDown.Run(ctx, d.c.rdb, []string{k.lock}, d.ttl.Milliseconds(), k.channel, d.c.publishCmd, d.c.nextHoldID()).Err()
 	if err != nil {
 		return redisErr("count down latch", d.name, err)
 	}
@@ -99,22 +102,16 @@ func (d *Latch) Count(ctx context.Context) (int, error) {
 	if d.err != nil {
 		return 0, d.err
 	}
-	f, err := d.c.rdb.HMGet(ctx, d.keys.lock, "#k", "#n").Result()
+	// One read: a latch set or opened meanwhile is seen whole, never half.
+	f, err := d.c.rdb.HMGet(ctx, d.keys.lock, "#k", "#n", "#v").Result()
 	if err != nil {
-		if errors.Is(err, redis.Nil) {
-			return 0, nil
+		if strings.HasPrefix(err.Error(), "WRONGTYPE") {
+			return 0, fmt.Errorf("%w: %q holds a value of another type, not a latch", ErrInvalid, d.name)
 		}
 		return 0, redisErr("read latch", d.name, err)
 	}
-	if f[0] == nil && f[1] == nil {
-		exists, err := d.c.rdb.Exists(ctx, d.keys.lock).Result()
-		if err != nil {
-			return 0, redisErr("read latch", d.name, err)
-		}
-		if exists == 1 {
-			return 0, fmt.Errorf("%w: %q is held as a lock, not a latch", ErrInvalid, d.name)
-		}
-		return 0, nil
+	if f[0] == nil && f[2] == nil {
+		return 0, nil // no state: open
 	}
 	if str(f[0]) != "latch" {
 		return 0, fmt.Errorf("%w: %q is held as a lock, not a latch", ErrInvalid, d.name)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/internal/redistest"
+	"github.com/dlock-go/dlock/internal/scripts"
 )
 
 func mustCount(t *testing.T, d *dlock.Latch, want int) {
@@ -219,5 +220,82 @@ func TestLatchBadInput(t *testing.T) {
 	}
 	if err := d.CountDown(ctx); err == nil {
 		t.Errorf("CountDown on a string key: no error")
+	}
+}
+
+// A CountDown that go-redis resends (its first send delivered late, after the resend was
+// answered) counts once; a TrySetCount resent reports the latch it set as set (found by
+// review: the latch opened a CountDown early, and "counting already" was reported).
+func TestLatchResentCallsCountOnce(t *testing.T) {
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	setter, raw := resendingClient(t, scripts.LatchSet, lockKey(name))
+	if ok, err := setter.Latch(name).TrySetCount(ctx, 2); !ok || err != nil {
+		t.Fatalf("TrySetCount resent: %v, %v; want true", ok, err)
+	}
+	c, _ := resendingClient(t, scripts.LatchDown, lockKey(name))
+	if err := c.Latch(name).CountDown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond) // the first sends arrive (1 s late; no event tells)
+	mustCount(t, c.Latch(name), 1)
+	if ok, err := setter.Latch(name).TrySetCount(ctx, 2); ok || err != nil {
+		t.Fatalf("TrySetCount of a counting latch: %v, %v; want false", ok, err)
+	}
+	_ = raw
+}
+
+// Count and Wait read a latch in one round trip: a latch being set meanwhile is seen either
+// open or counting, never as a lock (found by review); a key of another type is ErrInvalid.
+func TestLatchReadWhileBeingSet(t *testing.T) {
+	c, rdb := newClient(t)
+	ctx := ctxT(t)
+	for i := range 50 {
+		name := redistest.Name(t)
+		d := c.Latch(name)
+		done := make(chan error, 1)
+		go func() {
+			_, err := d.Count(ctx)
+			done <- err
+		}()
+		if _, err := d.TrySetCount(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; err != nil {
+			t.Fatalf("attempt %d: Count while being set: %v", i, err)
+		}
+	}
+	name := redistest.Name(t)
+	rdb.Set(ctx, lockKey(name), "x", 0)
+	if _, err := c.Latch(name).Count(ctx); !errors.Is(err, dlock.ErrInvalid) {
+		t.Errorf("Count on a string key: %v, want ErrInvalid", err)
+	}
+	if err := c.Latch(name).Wait(ctx); !errors.Is(err, dlock.ErrInvalid) {
+		t.Errorf("Wait on a string key: %v, want ErrInvalid", err)
+	}
+}
+
+// A latch broken by force release opens: its waiters return by push.
+func TestLatchForceReleasedOpens(t *testing.T) {
+	dlock.SetLatchRecheck(t, time.Minute)
+	c, _ := newClient(t)
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	if _, err := c.Latch(name).TrySetCount(ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.Latch(name).Wait(ctx) }()
+	waitSubscribed(t, name, 1)
+	if _, err := c.ForceRelease(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a force-released latch's waiter was not woken")
 	}
 }

@@ -156,7 +156,7 @@ func TestLateFirstSendOfAResentAcquireLeavesTheCohortsLaterHold(t *testing.T) {
 	ctx := ctxT(t)
 	name := redistest.Name(t)
 	key := lockKey(name)
-	c, raw := resendingClient(t, key)
+	c, raw := resendingClient(t, scripts.Acquire, key+":fence")
 	m := c.Mutex(name)
 	l1, err := m.TryLock(ctx)
 	if err != nil {
@@ -191,7 +191,7 @@ func TestLateFirstSendAfterUnlockTakesNothing(t *testing.T) {
 	ctx := ctxT(t)
 	name := redistest.Name(t)
 	key := lockKey(name)
-	c, raw := resendingClient(t, key)
+	c, raw := resendingClient(t, scripts.Acquire, key+":fence")
 	l1, err := c.Mutex(name).TryLock(ctx)
 	if err != nil {
 		t.Fatalf("TryLock: %v", err)
@@ -275,12 +275,12 @@ func TestCohortOwnerStaysAcrossRefusals(t *testing.T) {
 	}
 }
 
-// resendingClient returns a Client whose first acquire on the lock key is delivered 1 s late,
-// in the background, while go-redis (its default MaxRetries, a 200 ms read timeout) resends it
-// and gets the resend answered; and a plain client of the same server.
-func resendingClient(t *testing.T, key string) (*dlock.Client, *redis.Client) {
+// resendingClient returns a Client whose first call of script sc naming marker (a key) is
+// delivered 1 s late, in the background, while go-redis (its default MaxRetries, a 200 ms read
+// timeout) resends it and gets the resend answered; and a plain client of the same server.
+func resendingClient(t *testing.T, sc *redis.Script, marker string) (*dlock.Client, *redis.Client) {
 	raw := redistest.Client(t)
-	scripts.Acquire.Load(ctxT(t), raw)
+	sc.Load(ctxT(t), raw)
 	var armed atomic.Bool
 	armed.Store(true)
 	o := redistest.Shared(t).Options()
@@ -292,7 +292,7 @@ func resendingClient(t *testing.T, key string) (*dlock.Client, *redis.Client) {
 			return nil, err
 		}
 		return &asyncDelayConn{Conn: cn, armed: &armed, delay: time.Second, match: func(s string) bool {
-			return strings.Contains(s, "evalsha") && strings.Contains(s, scripts.Acquire.Hash()) && strings.Contains(s, key+":fence")
+			return strings.Contains(s, "evalsha") && strings.Contains(s, sc.Hash()) && strings.Contains(s, marker)
 		}}, nil
 	}
 	rdb := redis.NewClient(o)

@@ -15,6 +15,7 @@ type channelState struct {
 	ready     chan struct{}            // closed when SUBSCRIBE is confirmed
 	waiters   map[*subscription]string // the waiters, with their owner ids
 	idleSince time.Time
+	sentAt    time.Time // when SUBSCRIBE was last sent for it (n.mu)
 }
 
 func wakeAll(cs *channelState) { wake(cs, "") }
@@ -191,12 +192,19 @@ func (n *notifier) subscribe(ctx context.Context, channel, owner string) *subscr
 		cs = &channelState{ready: make(chan struct{}), waiters: make(map[*subscription]string)}
 		n.chans[channel] = cs
 	}
+	// Sent before and still not confirmed long after: the server refused it (a Cluster node
+	// that no longer serves the slot answers MOVED, which leaves the connection as it is), so
+	// send it again rather than leave every later waiter polling.
+	send := fresh || (!cs.confirmed && time.Since(cs.sentAt) > confirmTimeout)
+	if send {
+		cs.sentAt = time.Now()
+	}
 	cs.refs++
 	cs.waiters[s] = owner
 	s.cs = cs
 	ready, denied := cs.ready, n.denied
 	n.mu.Unlock()
-	if fresh {
+	if send {
 		if n.sharded {
 			_ = n.ps.SSubscribe(n.psCtx, channel) // a failure shows up as a missing confirmation
 		} else {

@@ -77,7 +77,7 @@ func WithKeyPrefix(prefix string) Option { return func(c *config) { c.prefix = &
 // WithOwner sets the owner id instead of a random one. Handles with the same owner id, in one
 // process or several, are the same owner: they re-enter each other's holds and must each
 // Unlock. Use it for an identity that outlives a process (a job id, a host name). It must be
-// non-empty, at most 256 bytes, and not start with '#', "r:", "w:" or "s:" (dlock's own fields and
+// non-empty, at most 256 bytes, and not start with '#', "r:" or "w:" (dlock's own fields and
 // queue entries of read-write locks). Handles of an RWMutex sharing the id re-enter each
 // other's read hold even while a writer waits, as Redisson's read locks do.
 func WithOwner(id string) Option { return func(c *config) { c.owner, c.ownerSet = id, true } }
@@ -153,8 +153,8 @@ func (c config) validate() error {
 		return fmt.Errorf("%w: key prefix %q: must be at most %d bytes without '{' or '}'", ErrInvalid, p, maxPrefixLen)
 	}
 	if c.ownerSet && (c.owner == "" || len(c.owner) > maxOwnerLen || c.owner[0] == '#' ||
-		strings.HasPrefix(c.owner, "r:") || strings.HasPrefix(c.owner, "w:") || strings.HasPrefix(c.owner, "s:")) {
-		return fmt.Errorf("%w: owner id %.40q: must be 1 to %d bytes, not starting with '#', \"r:\", \"w:\" or \"s:\"", ErrInvalid, c.owner, maxOwnerLen)
+		strings.HasPrefix(c.owner, "r:") || strings.HasPrefix(c.owner, "w:")) {
+		return fmt.Errorf("%w: owner id %.40q: must be 1 to %d bytes, not starting with '#', \"r:\" or \"w:\"", ErrInvalid, c.owner, maxOwnerLen)
 	}
 	if d := c.driftFactor(); !(d >= 0 && d < 0.5) {
 		return fmt.Errorf("%w: drift %v: must be in [0, 0.5)", ErrInvalid, d)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 )
 
 // A Semaphore is a handle on one named counting semaphore: at most Permits permits are out at
@@ -115,6 +116,9 @@ func (s *Semaphore) Available(ctx context.Context) (int, error) {
 	}
 	f, err := s.c.rdb.HMGet(ctx, s.keys.lock, "#k", "#n", "#u", "#v").Result()
 	if err != nil {
+		if strings.HasPrefix(err.Error(), "WRONGTYPE") {
+			return 0, fmt.Errorf("%w: %q holds a value of another type, not a semaphore", ErrInvalid, s.name)
+		}
 		return 0, redisErr("read semaphore", s.name, err)
 	}
 	kind, _ := f[0].(string)

@@ -558,3 +558,31 @@ func TestSemaphoreAndLatchOnACluster(t *testing.T) {
 		}
 	}
 }
+
+// Owner ids that look like a semaphore waiter's queue member ("s:<n>:<n>:...") stay valid for
+// locks and are queued and granted as a Mutex's (found by review: "s:" was briefly reserved).
+func TestMutexOwnerIDsLikeSemaphoreMembersStayMutexes(t *testing.T) {
+	c, _ := newClient(t)
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	a, err := c.Mutex(name, dlock.WithOwner("s:2:1:host-a")).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, _ := newClient(t)
+	got := make(chan error, 1)
+	go func() {
+		l, err := w.Mutex(name, dlock.WithOwner("s:2:1:host-b")).Lock(ctx)
+		if err == nil {
+			err = l.Unlock(ctx)
+		}
+		got <- err
+	}()
+	waitQueued(t, c, name, 1)
+	if err := a.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("the waiting Mutex with an \"s:\" owner id: %v", err)
+	}
+}

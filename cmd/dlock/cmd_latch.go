@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"os/signal"
 	"strconv"
+	"syscall"
 
 	"github.com/dlock-go/dlock"
 )
@@ -69,7 +71,11 @@ func latchCommand(args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "latch %s at %d\n", name, n)
+		if n == 0 {
+			fmt.Fprintf(stdout, "latch %s open (no count in Redis)\n", name)
+		} else {
+			fmt.Fprintf(stdout, "latch %s at %d\n", name, n)
+		}
 	case "status":
 		n, err := d.Count(ctx)
 		if err != nil {
@@ -81,19 +87,37 @@ func latchCommand(args []string, stdout, stderr io.Writer) error {
 			fmt.Fprintf(stdout, "latch %s at %d\n", name, n)
 		}
 	case "wait":
-		wctx, stop := signal.NotifyContext(context.Background(), forwarded...)
+		sigs := make(chan os.Signal, 1)
+		signal.Notify(sigs, forwarded...)
+		defer signal.Stop(sigs)
+		caught := make(chan os.Signal, 1) // a signal ends the wait: sent before the ctx ends
+		base, stop := context.WithCancel(context.Background())
 		defer stop()
+		go func() {
+			select {
+			case sig := <-sigs:
+				caught <- sig
+				stop()
+			case <-base.Done():
+			}
+		}()
+		wctx := base
 		if *wait > 0 {
 			var c context.CancelFunc
 			wctx, c = context.WithTimeout(wctx, *wait)
 			defer c()
 		}
 		if err := d.Wait(wctx); err != nil {
-			if errors.Is(err, context.DeadlineExceeded) {
-				return exitErr{exitConflict, fmt.Errorf("latch %q not open after %v", name, *wait)}
+			select {
+			case sig := <-caught:
+				return exitErr{128 + int(sig.(syscall.Signal)), fmt.Errorf("%v while waiting for latch %q", sig, name)}
+			default:
 			}
-			if wctx.Err() != nil {
-				return exitErr{exitError, fmt.Errorf("interrupted while waiting for latch %q", name)}
+			switch {
+			case errors.Is(err, dlock.ErrUnavailable):
+				return err // Redis was down: not a latch that stayed closed
+			case errors.Is(err, context.DeadlineExceeded):
+				return exitErr{exitConflict, fmt.Errorf("latch %q not open after %v", name, *wait)}
 			}
 			return err
 		}

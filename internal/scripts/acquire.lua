@@ -253,7 +253,7 @@ local function take_free()
   -- It goes to the waiter ahead of us.
   leave_queue(KEYS[4], KEYS[5], head)
   local token = grant(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], head, ARGV[8], ARGV[4], msgs)
-  if (mode == 'r' and head:sub(1, 2) == 'r:') or (sem and head:sub(1, 2) == 's:') then
+  if (mode == 'r' and head:sub(1, 2) == 'r:') or (sem and member_kind(head) == 'sem') then
     local c = redis.call('HMGET', KEYS[1], owner, mark)
     if c[1] == '0' then
       -- We were queued among the readers admitted: confirm our own grant now (add_reader

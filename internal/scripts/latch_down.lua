@@ -4,11 +4,13 @@
 -- ARGV[1] TTL in ms, renewed: a latch counted down lives this long after
 -- ARGV[2] notification channel
 -- ARGV[3] PUBLISH or SPUBLISH
+-- ARGV[4] call id, unique per call and sent unchanged when the call is resent: a resend of a
+--         CountDown already applied counts nothing ("#d:"..id)
 --
 -- Returns the count after the call: -1 when there was no latch (never set, already at zero,
 -- or expired: nothing changed, as counting below zero does nothing). A key of another kind is
 -- refused as in latch_set.lua.
-local f = lock_fields(KEYS[1], '#k', '#v')
+local f = lock_fields(KEYS[1], '#k', '#v', '#n')
 if not f then
   return kind_error(KEYS[1], 'latch', 'value of another type')
 end
@@ -23,6 +25,9 @@ if f[2] ~= LAYOUT then
 end
 if f[1] ~= 'latch' then
   return kind_error(KEYS[1], 'latch', f[1])
+end
+if redis.call('HSETNX', KEYS[1], '#d:' .. ARGV[4], 1) == 0 then
+  return tonumber(f[3]) -- this call was applied already (its reply was lost)
 end
 local n = redis.call('HINCRBY', KEYS[1], '#n', -1)
 if n <= 0 then

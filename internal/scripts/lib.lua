@@ -92,25 +92,26 @@ end
 
 -- member returns owner's queue member in mode; sem, for a semaphore's waiter, is {permits,
 -- n}: its member carries the semaphore's number of permits and how many it waits for
--- ("s:<permits>:<n>:"..owner), so every script can grant it as a semaphore would.
+-- ("#s:<permits>:<n>:"..owner; no owner id starts with '#'), so every script can grant it as
+-- a semaphore would.
 local function member(mode, owner, sem)
   if sem then
-    return 's:' .. sem[1] .. ':' .. sem[2] .. ':' .. owner
+    return '#s:' .. sem[1] .. ':' .. sem[2] .. ':' .. owner
   end
   if mode == '' then return owner end
   return mode .. ':' .. owner
 end
 
 -- split_member returns a queue member's mode, owner and, for a semaphore's waiter (mode
--- "s"), its {permits, n} ("r:"/"w:" members are a read-write lock's, "s:" a semaphore's;
+-- "s"), its {permits, n} ("r:"/"w:" members are a read-write lock's, "#s:" a semaphore's;
 -- owner ids may not start so, see WithOwner).
 local function split_member(m)
   local p = m:sub(1, 2)
   if p == 'r:' or p == 'w:' then
     return m:sub(1, 1), m:sub(3)
   end
-  if p == 's:' then
-    local permits, n, owner = m:match('^s:(%d+):(%d+):(.*)$')
+  if p == '#s' then
+    local permits, n, owner = m:match('^#s:(%d+):(%d+):(.+)$')
     if owner then
       return 's', owner, {tonumber(permits), tonumber(n)}
     end
@@ -120,9 +121,9 @@ end
 
 -- member_kind is the kind ("#k" value) of the lock a queue member waits for.
 local function member_kind(m)
-  local p = m:sub(1, 2)
-  if p == 'r:' or p == 'w:' then return 'rw' end
-  if p == 's:' then return 'sem' end
+  local mode, _, sem = split_member(m)
+  if sem then return 'sem' end
+  if mode ~= '' then return 'rw' end
   return ''
 end
 
