@@ -25,7 +25,8 @@ var latchRecheck = time.Second
 //
 // In Redis a latch is one hash at its name's lock key, with a TTL (WithTTL, default
 // DefaultLatchTTL) renewed by TrySetCount and every CountDown: an abandoned latch disappears
-// on its own. At zero it is deleted and its waiters are told by push (one message per
+// on its own. Each call is applied once even when go-redis resends it: the name's op log
+// remembers the calls applied for a minute. At zero it is deleted and its waiters are told by push (one message per
 // Client, which wakes all of the Client's waiters). A latch with no state in Redis (never
 // set, already at zero, expired) is open: Wait returns at once and CountDown does nothing,
 // as Redisson's do. So a Wait that starts only after the count reached zero returns at once,
@@ -68,7 +69,8 @@ func (d *Latch) TrySetCount(ctx context.Context, count int) (bool, error) {
 	if count < 1 {
 		return false, fmt.Errorf("%w: latch %q: count %d: must be at least 1", ErrInvalid, d.name, count)
 	}
-	set, err := scripts.LatchSet.Run(ctx, d.c.rdb, []string{d.keys.lock}, count, d.ttl.Milliseconds(), d.c.nextHoldID()).Int()
+	set, err := scripts.LatchSet.Run(ctx, d.c.rdb, []string{d.keys.lock, d.keys.opLog}, count, d.ttl.Milliseconds(),
+		d.c.nextHoldID(), opLogTTL.Milliseconds()).Int()
 	if err != nil {
 		return false, redisErr("set latch", d.name, err)
 	}
@@ -88,7 +90,8 @@ func (d *Latch) CountDown(ctx context.Context) error {
 	k := d.keys
 	// One id per call: go-redis may resend the script after a lost reply, which must not
 	// count twice.
-	err := scripts.LatchDown.Run(ctx, d.c.rdb, []string{k.lock}, d.ttl.Milliseconds(), k.channel, d.c.publishCmd, d.c.nextHoldID()).Err()
+	err := scripts.LatchDown.Run(ctx, d.c.rdb, []string{k.lock, k.opLog}, d.ttl.Milliseconds(), k.channel, d.c.publishCmd,
+		d.c.nextHoldID(), opLogTTL.Milliseconds()).Err()
 	if err != nil {
 		return redisErr("count down latch", d.name, err)
 	}

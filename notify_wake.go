@@ -193,8 +193,9 @@ func (n *notifier) subscribe(ctx context.Context, channel, owner string) *subscr
 		n.chans[channel] = cs
 	}
 	// Sent before and still not confirmed long after: the server refused it (a Cluster node
-	// that no longer serves the slot answers MOVED, which leaves the connection as it is), so
-	// send it again rather than leave every later waiter polling.
+	// not serving the slot yet answers MOVED, which leaves the connection as it is: a failback
+	// brings the slot back to this node) or the command was lost, so send it again rather
+	// than leave every later waiter polling.
 	send := fresh || (!cs.confirmed && time.Since(cs.sentAt) > confirmTimeout)
 	if send {
 		cs.sentAt = time.Now()

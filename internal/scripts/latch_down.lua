@@ -1,11 +1,14 @@
 -- latch_down: count a latch down by one; at zero it is deleted and its waiters are told.
 --
 -- KEYS[1] latch hash (see latch_set.lua)
+-- KEYS[2] op log (see latch_set.lua)
 -- ARGV[1] TTL in ms, renewed: a latch counted down lives this long after
 -- ARGV[2] notification channel
 -- ARGV[3] PUBLISH or SPUBLISH
--- ARGV[4] call id, unique per call and sent unchanged when the call is resent: a resend of a
---         CountDown already applied counts nothing ("#d:"..id)
+-- ARGV[4] call id, unique per call and sent unchanged when the call is resent: a resend, or
+--         the first send arriving late, counts nothing (ld:<id> in the op log), even once the
+--         latch has opened or been set anew
+-- ARGV[5] op log TTL in ms
 --
 -- Returns the count after the call: -1 when there was no latch (never set, already at zero,
 -- or expired: nothing changed, as counting below zero does nothing). A key of another kind is
@@ -14,20 +17,24 @@ local f = lock_fields(KEYS[1], '#k', '#v', '#n')
 if not f then
   return kind_error(KEYS[1], 'latch', 'value of another type')
 end
-if not f[1] and not f[2] then
-  if redis.call('EXISTS', KEYS[1]) == 1 then
-    return kind_error(KEYS[1], 'latch', 'value of another type')
+local open = not f[1] and not f[2]
+if open and redis.call('EXISTS', KEYS[1]) == 1 then
+  return kind_error(KEYS[1], 'latch', 'value of another type')
+end
+if not open then
+  if f[2] ~= LAYOUT then
+    return layout_error(KEYS[1])
   end
+  if f[1] ~= 'latch' then
+    return kind_error(KEYS[1], 'latch', f[1])
+  end
+end
+if redis.call('HSETNX', KEYS[2], 'ld:' .. ARGV[4], 1) == 0 then
+  return open and -1 or tonumber(f[3]) -- this call was applied already (its reply was lost)
+end
+redis.call('PEXPIRE', KEYS[2], ARGV[5])
+if open then
   return -1
-end
-if f[2] ~= LAYOUT then
-  return layout_error(KEYS[1])
-end
-if f[1] ~= 'latch' then
-  return kind_error(KEYS[1], 'latch', f[1])
-end
-if redis.call('HSETNX', KEYS[1], '#d:' .. ARGV[4], 1) == 0 then
-  return tonumber(f[3]) -- this call was applied already (its reply was lost)
 end
 local n = redis.call('HINCRBY', KEYS[1], '#n', -1)
 if n <= 0 then

@@ -1,16 +1,22 @@
 -- latch_set: start a count-down latch at a count, unless it is counting already.
 --
--- KEYS[1] latch hash {"#k": "latch", "#v": layout, "#n": count, "#s": the call id that set
---         it, "#d:"..id: 1 per CountDown applied} (the lock key of its name)
+-- KEYS[1] latch hash {"#k": "latch", "#v": layout, "#n": count} (the lock key of its name)
+-- KEYS[2] op log      hash (the lock's, acquire.lua): ls:<call id> / ld:<call id> = 1 for a
+--                     latch call applied, kept for the op log's TTL, past the latch itself
 -- ARGV[1] count (>= 1)
 -- ARGV[2] TTL in ms: an abandoned latch (no CountDown for this long) disappears
 -- ARGV[3] call id, unique per call and sent unchanged when the call is resent
+-- ARGV[4] op log TTL in ms
 --
--- Returns 1 when the latch was set (by this call: a resend after a lost reply answers 1 again),
--- 0 when it was counting already (nothing changed). A key of another kind (a lock, a
--- semaphore) is refused with DLOCKKIND, one of another layout with DLOCKLAYOUT, and left as it
--- is.
-local f = lock_fields(KEYS[1], '#k', '#v', '#s')
+-- Returns 1 when the latch was set (by this call: a resend, or the first send arriving late,
+-- answers 1 again and changes nothing, even once the latch has opened or been set anew), 0
+-- when it was counting already (nothing changed). A key of another kind (a lock, a
+-- semaphore) is refused with DLOCKKIND, one of another layout with DLOCKLAYOUT, and left as
+-- it is.
+if redis.call('HEXISTS', KEYS[2], 'ls:' .. ARGV[3]) == 1 then
+  return 1
+end
+local f = lock_fields(KEYS[1], '#k', '#v')
 if not f then
   return kind_error(KEYS[1], 'latch', 'value of another type')
 end
@@ -21,14 +27,13 @@ if f[1] or f[2] then
   if f[1] ~= 'latch' then
     return kind_error(KEYS[1], 'latch', f[1])
   end
-  if f[3] == ARGV[3] then
-    return 1
-  end
   return 0
 end
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return kind_error(KEYS[1], 'latch', 'value of another type')
 end
-redis.call('HSET', KEYS[1], '#k', 'latch', '#v', LAYOUT, '#n', ARGV[1], '#s', ARGV[3])
+redis.call('HSET', KEYS[2], 'ls:' .. ARGV[3], 1)
+redis.call('PEXPIRE', KEYS[2], ARGV[4])
+redis.call('HSET', KEYS[1], '#k', 'latch', '#v', LAYOUT, '#n', ARGV[1])
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
