@@ -333,3 +333,26 @@ func TestLatchLateSendsAfterItOpenedChangeNothing(t *testing.T) {
 	mustCount(t, other.Latch(name), 0)
 	mustCount(t, other.Latch(name2), 2)
 }
+
+// A Wait ends with ErrClosed when its Client closes meanwhile; a Wait on a closed Client
+// fails at once.
+func TestLatchWaitEndsOnClose(t *testing.T) {
+	c, _ := newClient(t)
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	if _, err := c.Latch(name).TrySetCount(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.Latch(name).Wait(ctx) }()
+	waitSubscribed(t, name, 1)
+	if err := c.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, dlock.ErrClosed) {
+		t.Fatalf("Wait during Close: %v, want ErrClosed", err)
+	}
+	if err := c.Latch(name).Wait(ctx); !errors.Is(err, dlock.ErrClosed) {
+		t.Fatalf("Wait after Close: %v, want ErrClosed", err)
+	}
+}

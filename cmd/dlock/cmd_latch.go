@@ -67,25 +67,9 @@ func latchCommand(args []string, stdout, stderr io.Writer) error {
 		if err := d.CountDown(ctx); err != nil {
 			return err
 		}
-		n, err := d.Count(ctx)
-		if err != nil {
-			return err
-		}
-		if n == 0 {
-			fmt.Fprintf(stdout, "latch %s open (no count in Redis)\n", name)
-		} else {
-			fmt.Fprintf(stdout, "latch %s at %d\n", name, n)
-		}
+		return printCount(ctx, stdout, d)
 	case "status":
-		n, err := d.Count(ctx)
-		if err != nil {
-			return err
-		}
-		if n == 0 {
-			fmt.Fprintf(stdout, "latch %s open (no count in Redis)\n", name)
-		} else {
-			fmt.Fprintf(stdout, "latch %s at %d\n", name, n)
-		}
+		return printCount(ctx, stdout, d)
 	case "wait":
 		sigs := make(chan os.Signal, 1)
 		signal.Notify(sigs, forwarded...)
@@ -134,3 +118,17 @@ type exitErr struct {
 
 func (e exitErr) Error() string { return e.err.Error() }
 func (e exitErr) Unwrap() error { return e.err }
+
+// printCount prints the latch's count, or that it is open.
+func printCount(ctx context.Context, stdout io.Writer, d *dlock.Latch) error {
+	n, err := d.Count(ctx)
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		fmt.Fprintf(stdout, "latch %s open (no count in Redis)\n", d.Name())
+	} else {
+		fmt.Fprintf(stdout, "latch %s at %d\n", d.Name(), n)
+	}
+	return nil
+}

@@ -99,26 +99,25 @@ local function holds(token, count)
   return done({1, token, count, waiting})
 end
 
--- admit lets the readers queued first join a lock this reader has just taken or joined.
-local function admit(token)
-  if sem then
-    admit_permits(KEYS[1], KEYS[3], KEYS[4], KEYS[5], string.format('%d', token), ARGV[8], ARGV[4], msgs)
-  elseif mode == 'r' then
-    admit_readers(KEYS[1], KEYS[3], KEYS[4], KEYS[5], string.format('%d', token), ARGV[8], ARGV[4], msgs)
+-- let_in lets the waiters queued first (readers, or a semaphore's whose permits fit) join a
+-- lock this caller has just taken or joined in read mode.
+local function let_in(token)
+  if mode == 'r' then
+    admit(KEYS[1], KEYS[3], KEYS[4], KEYS[5], string.format('%d', token), ARGV[8], ARGV[4], msgs, nil, sem)
   end
 end
 
 local function fresh()
   local token = reserve_block(KEYS[2])
   hold_lock(KEYS[1], owner, mark, token, ARGV[2], mode, sem)
-  admit(token)
+  let_in(token)
   return holds(token, 1)
 end
 
 -- join adds the caller as a reader of the lock in read mode (phase token t).
 local function join(t)
   add_reader(KEYS[1], owner, mark, ARGV[2], sem and sem[2])
-  admit(t)
+  let_in(t)
   return holds(t, 1)
 end
 
@@ -403,7 +402,7 @@ if f[1] then
 end
 if sem then
   -- Waiters first in line whose permits fit go first: maybe us, with the hold we recorded.
-  admit(tonumber(f[3]))
+  let_in(tonumber(f[3]))
   if redis.call('HEXISTS', KEYS[1], mark) == 1 then
     return join(tonumber(f[3]))
   end

@@ -346,27 +346,43 @@ local function grant_msg(owner, rec, t, waiting)
   return 'g ' .. owner
 end
 
--- admit_readers grants a lock in read mode to the readers first in its queue, up to the first
--- writer: no reader waits behind readers. Each is written with its recorded hold (see above)
--- or, without one, gets the grace TTL to confirm and a grant record with the phase's token t.
--- Their messages go to msgs, after those of granted ({owner, record} pairs: the readers the
--- caller granted already).
-local function admit_readers(k_lock, k_log, k_queue, k_live, t, grace, log_ttl, msgs, granted)
+-- admit grants a lock in read mode to the waiters first in its queue, in order, up to the
+-- first that may not come in: for a read-write lock up to the first writer (no reader waits
+-- behind readers); for a semaphore (sem set) up to the first whose permits do not fit, or that
+-- names another number of permits than the semaphore's (its own next attempt is refused).
+-- Each is written with its recorded hold (see above) or, without one, gets the grace TTL to
+-- confirm and a grant record with the token t. Their messages go to msgs, after those of
+-- granted ({owner, record} pairs: the waiters the caller granted already).
+local function admit(k_lock, k_log, k_queue, k_live, t, grace, log_ttl, msgs, granted, sem)
   granted = granted or {}
+  local permits, used
+  if sem then
+    local nu = redis.call('HMGET', k_lock, '#n', '#u')
+    permits, used = tonumber(nu[1] or '0'), tonumber(nu[2] or '0')
+  end
   local head
-  for _ = 1, 1000 do -- bounded: a longer line of readers is admitted by later scripts
+  for _ = 1, 1000 do -- bounded: a longer line is admitted by later scripts
     head = first_waiter(k_queue, k_live)
-    if not head or head:sub(1, 2) ~= 'r:' then
+    if not head then
       break
     end
-    local owner = head:sub(3)
+    local mode, owner, theirs = split_member(head)
+    local n
+    if sem then
+      if mode ~= 's' or theirs[1] ~= permits or used + theirs[2] > permits then
+        break
+      end
+      n, used = theirs[2], used + theirs[2]
+    elseif mode ~= 'r' then
+      break
+    end
     leave_queue(k_queue, k_live, head)
     local mark, rec, ttl = pending_hold(k_log, head, grace)
     if not mark then
       redis.call('HSET', k_log, 'g:' .. owner, t)
       redis.call('PEXPIRE', k_log, log_ttl)
     end
-    add_reader(k_lock, owner, mark, ttl)
+    add_reader(k_lock, owner, mark, ttl, n)
     granted[#granted + 1] = {owner, rec}
   end
   local waiting = head and 1 or 0
@@ -377,43 +393,9 @@ end
 
 -- Semaphores. A semaphore is a lock in read mode whose "#k" is "sem": its holders are readers,
 -- each with the permits it holds in "#c:"..owner; "#n" is its number of permits and "#u" how
--- many are out. Its waiters' queue members say how many permits they wait for (member). A
--- waiter is admitted when it is first in line and its permits fit: one that waits for many is
--- not overtaken by later ones that would fit (strict FIFO). One that names another number of
--- permits than the semaphore's is not admitted; its own next attempt is refused.
-
--- admit_permits admits, to a semaphore held in read mode, the waiters first in its queue whose
--- permits fit, in order, up to the first that does not: as admit_readers, each with its
--- recorded hold (its own deadline from the grace) and a grant message with the token t.
-local function admit_permits(k_lock, k_log, k_queue, k_live, t, grace, log_ttl, msgs, granted)
-  granted = granted or {}
-  local nu = redis.call('HMGET', k_lock, '#n', '#u')
-  local permits, used = tonumber(nu[1] or '0'), tonumber(nu[2] or '0')
-  local head
-  for _ = 1, 1000 do
-    head = first_waiter(k_queue, k_live)
-    if not head then
-      break
-    end
-    local mode, owner, sem = split_member(head)
-    if mode ~= 's' or sem[1] ~= permits or used + sem[2] > permits then
-      break
-    end
-    leave_queue(k_queue, k_live, head)
-    local mark, rec, ttl = pending_hold(k_log, head, grace)
-    if not mark then
-      redis.call('HSET', k_log, 'g:' .. owner, t)
-      redis.call('PEXPIRE', k_log, log_ttl)
-    end
-    add_reader(k_lock, owner, mark, ttl, sem[2])
-    used = used + sem[2]
-    granted[#granted + 1] = {owner, rec}
-  end
-  local waiting = head and 1 or 0
-  for _, g in ipairs(granted) do
-    msgs[#msgs + 1] = grant_msg(g[1], g[2], t, waiting)
-  end
-end
+-- many are out. Its waiters' queue members say how many permits they wait for (member), and
+-- admit lets them in strictly first come first served: one that waits for many is not
+-- overtaken by later ones that would fit.
 
 -- grant hands the free lock to the queue member head, as the kind of lock it waits for: with
 -- the hold it recorded, or with the short TTL grace until it confirms by running acquire (see
@@ -435,10 +417,8 @@ local function grant(k_lock, k_fence, k_log, k_queue, k_live, head, grace, log_t
     redis.call('PEXPIRE', k_log, log_ttl)
   end
   hold_lock(k_lock, owner, mark, token, ttl, mode, sem)
-  if sem then
-    admit_permits(k_lock, k_log, k_queue, k_live, t, grace, log_ttl, msgs, {{owner, rec}})
-  elseif mode == 'r' then
-    admit_readers(k_lock, k_log, k_queue, k_live, t, grace, log_ttl, msgs, {{owner, rec}})
+  if mode == 'r' then
+    admit(k_lock, k_log, k_queue, k_live, t, grace, log_ttl, msgs, {{owner, rec}}, sem)
   else
     msgs[#msgs + 1] = grant_msg(owner, rec, t, 0)
   end

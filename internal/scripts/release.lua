@@ -87,7 +87,7 @@ local function admit_more()
   local f = redis.call('HMGET', KEYS[1], '#k', '#t')
   if f[1] == 'sem' then
     local msgs = {}
-    admit_permits(KEYS[1], KEYS[2], KEYS[4], KEYS[5], f[2], ARGV[6], ARGV[3], msgs)
+    admit(KEYS[1], KEYS[2], KEYS[4], KEYS[5], f[2], ARGV[6], ARGV[3], msgs, nil, true)
     notify_all(ARGV[7], ARGV[4], msgs)
   end
 end
@@ -139,7 +139,7 @@ if ARGV[8] == '1' then
   elseif f and f[4] == 'rw' and f[3] == 'r' then
     -- A writer leaving from the head of the queue lets the readers behind it in.
     local msgs = {}
-    admit_readers(KEYS[1], KEYS[2], KEYS[4], KEYS[5], f[2], ARGV[6], ARGV[3], msgs)
+    admit(KEYS[1], KEYS[2], KEYS[4], KEYS[5], f[2], ARGV[6], ARGV[3], msgs)
     notify_all(ARGV[7], ARGV[4], msgs)
   end
   return 0
