@@ -69,6 +69,18 @@ type verdict struct {
 	// a fault that may lose acknowledged writes (a Cluster master killed): with no such
 	// fault in between, nothing excuses them.
 	Unexplained int `json:"unexplained"`
+	// Semaphores (issue 11): the permits a semaphore could not hand out at the end of the run,
+	// once every client had stopped and a TTL had passed (lost for good); the client kills,
+	// and for each kill of a holder, how long after it its permits were free again by the
+	// deadline Redis kept for its hold (late: more than a TTL).
+	PermitsLost int   `json:"permits_lost"`
+	Kills       int   `json:"kills,omitempty"`
+	PermitsLate int   `json:"permits_late"`
+	PermitsBack *dist `json:"permits_back_ms,omitempty"`
+	// Latches: Waits that returned ok, and those that returned while the count was certainly
+	// above zero.
+	LatchWaits int `json:"latch_waits,omitempty"`
+	LatchEarly int `json:"latch_early"`
 	// Unavailable (Cluster nemeses): per fault, the longest gap between successful probe
 	// TryLocks on the failing master's slots around it, in ms.
 	Unavailable *dist `json:"unavailable_ms,omitempty"`
@@ -137,6 +149,9 @@ func check(ops []op, finals map[int]int64, ttl time.Duration, single bool, kills
 	}
 	var notice, noticeKill []int64
 	for _, lops := range byLock {
+		early, waits := earlyWaits(lops)
+		v.LatchEarly += early
+		v.LatchWaits += waits
 		n, nk := checkLock(lops, ttl, single, kills, &v)
 		notice, noticeKill = append(notice, n...), append(noticeKill, nk...)
 	}
@@ -244,19 +259,26 @@ func checkLock(ops []op, ttl time.Duration, single bool, kills []int64, v *verdi
 		}
 		return false
 	}
-	dg, unexplained := doubleGrantPairs(acquires, ops, ttl, cut, explained)
-	v.DoubleGrants += dg
-	v.Unexplained += unexplained
 	v.TokenRegressions += tokenRegressions(acquires)
 	sort.Slice(windows, func(i, j int) bool { return windows[i].start < windows[j].start })
-	for i, w := range windows {
-		for j := i - 1; j >= 0 && j >= i-256; j-- {
-			if p := windows[j]; p.holder != w.holder && p.end > w.start && !(p.a.Mode == "r" && w.a.Mode == "r") {
-				v.Overlaps++
-				if !explained(p.a) {
-					v.Unexplained++
+	if isSemaphore(acquires) {
+		// Holders of a semaphore overlap by design: what they must not do is take more
+		// permits at once than it has.
+		v.DoubleGrants += permitGrants(acquires, ops, ttl, cut)
+		v.Overlaps += permitOverlaps(windows)
+	} else {
+		dg, unexplained := doubleGrantPairs(acquires, ops, ttl, cut, explained)
+		v.DoubleGrants += dg
+		v.Unexplained += unexplained
+		for i, w := range windows {
+			for j := i - 1; j >= 0 && j >= i-256; j-- {
+				if p := windows[j]; p.holder != w.holder && p.end > w.start && !(p.a.Mode == "r" && w.a.Mode == "r") {
+					v.Overlaps++
+					if !explained(p.a) {
+						v.Unexplained++
+					}
+					break
 				}
-				break
 			}
 		}
 	}
@@ -302,7 +324,7 @@ func checkLock(ops []op, ttl time.Duration, single bool, kills []int64, v *verdi
 	// reader's after another reader joined it).
 	readers := map[leaseID]bool{}
 	for _, a := range acquires {
-		if a.Mode == "r" {
+		if shared(a.Mode) {
 			readers[leaseID{a.holder(), a.Call}] = true
 		}
 	}
@@ -314,7 +336,7 @@ func checkLock(ops []op, ttl time.Duration, single bool, kills []int64, v *verdi
 		}
 		k := sort.Search(len(acquires), func(i int) bool { return acquires[i].Call > ra })
 		for ; k < len(acquires) && acquires[k].Call < r.Call; k++ {
-			if b := acquires[k]; b.holder() != r.holder() && b.Return < r.Call && !(b.Mode == "r" && readers[leaseID{r.holder(), r.Acq}]) {
+			if b := acquires[k]; b.holder() != r.holder() && b.Return < r.Call && !(shared(b.Mode) && readers[leaseID{r.holder(), r.Acq}]) {
 				v.ForeignReleases++
 				break
 			}
@@ -393,6 +415,30 @@ func doubleGrants(acquires, ops []op, ttl time.Duration) int {
 // fault that may lose writes (explained). A lease handed over locally (cohorting) holds
 // certainly only to the end of the window its holder read: its hold may predate its call.
 func doubleGrantPairs(acquires, ops []op, ttl time.Duration, cut func(op, int64) int64, explained func(op) bool) (n, unexplained int) {
+	byRet, ends := certainHolds(acquires, ops, ttl, cut)
+	for i, b := range byRet {
+		for j := i - 1; j >= 0 && j >= i-512; j-- {
+			a := byRet[j]
+			if a.holder() == b.holder() || ends[j] <= a.Return || (shared(a.Mode) && shared(b.Mode)) {
+				continue
+			}
+			meets := ends[i] > b.Return && b.Return < ends[j] // a.Return <= b.Return by the order
+			inside := a.Return <= b.Call && b.Return < ends[j]
+			if meets || inside {
+				n++
+				if explained != nil && !explained(a) {
+					unexplained++
+				}
+				break
+			}
+		}
+	}
+	return n, unexplained
+}
+
+// certainHolds returns the acquires by return time and, for each, the end of the interval
+// from its return over which its hold certainly exists in Redis (see doubleGrants).
+func certainHolds(acquires, ops []op, ttl time.Duration, cut func(op, int64) int64) (byRet []op, ends []int64) {
 	released := map[leaseID]int64{} // release call (ok or unknown outcome)
 	for _, o := range ops {
 		if o.Kind == "release" && o.Result != "fail" {
@@ -414,30 +460,13 @@ func doubleGrantPairs(acquires, ops []op, ttl time.Duration, cut func(op, int64)
 		}
 		return end
 	}
-	byRet := append([]op(nil), acquires...)
+	byRet = append([]op(nil), acquires...)
 	sort.Slice(byRet, func(i, j int) bool { return byRet[i].Return < byRet[j].Return })
-	ends := make([]int64, len(byRet))
+	ends = make([]int64, len(byRet))
 	for i, a := range byRet {
 		ends[i] = held(a)
 	}
-	for i, b := range byRet {
-		for j := i - 1; j >= 0 && j >= i-512; j-- {
-			a := byRet[j]
-			if a.holder() == b.holder() || ends[j] <= a.Return || (a.Mode == "r" && b.Mode == "r") {
-				continue
-			}
-			meets := ends[i] > b.Return && b.Return < ends[j] // a.Return <= b.Return by the order
-			inside := a.Return <= b.Call && b.Return < ends[j]
-			if meets || inside {
-				n++
-				if explained != nil && !explained(a) {
-					unexplained++
-				}
-				break
-			}
-		}
-	}
-	return n, unexplained
+	return byRet, ends
 }
 
 // memberEnd cuts the hold of a multi-lock lease's member at the moment its holder saw the
@@ -452,7 +481,8 @@ func memberEnd(a op, end int64) int64 {
 
 // tokenRegressions counts acquires whose token does not exceed the highest token of the
 // acquires that returned before their call. A read lease (Mode "r") shares its read phase's
-// token: it must exceed every earlier writer's and equal or exceed every earlier reader's.
+// token, and a semaphore's lease (Mode "s") its busy period's: it must exceed every earlier
+// writer's and equal or exceed every earlier reader's.
 func tokenRegressions(acquires []op) int {
 	byCall := append([]op(nil), acquires...)
 	sort.Slice(byCall, func(i, j int) bool { return byCall[i].Call < byCall[j].Call })
@@ -463,12 +493,12 @@ func tokenRegressions(acquires []op) int {
 	for _, b := range byCall {
 		for k < len(byRet) && byRet[k].Return < b.Call {
 			maxTok = max(maxTok, byRet[k].Token)
-			if byRet[k].Mode != "r" {
+			if !shared(byRet[k].Mode) {
 				maxWrite = max(maxWrite, byRet[k].Token)
 			}
 			k++
 		}
-		if b.Mode == "r" && (b.Token < maxTok || b.Token <= maxWrite) || b.Mode != "r" && b.Token <= maxTok {
+		if shared(b.Mode) && (b.Token < maxTok || b.Token <= maxWrite) || !shared(b.Mode) && b.Token <= maxTok {
 			n++
 		}
 	}

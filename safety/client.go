@@ -26,12 +26,13 @@ type clientSpec struct {
 	// WriteURL, when set, is where the resource writes go (through a proxy the nemesis slows
 	// down); reads and the rest go to ResURL.
 	WriteURL string `json:"write_url,omitempty"`
-	Workload string `json:"workload"` // "fenced", "lockset", "rw" or "multi"
+	Workload string `json:"workload"` // "fenced", "lockset", "rw", "multi", "sem" or "latch"
 	// Weak names the weakened client of a positive control: "nodel" (SET NX PX, plain DEL,
-	// no owner check), "nofence" (dlock's lock, resource writes without the token check) or
+	// no owner check), "nofence" (dlock's lock, resource writes without the token check),
 	// "wallclock" (dlock reading a clock without monotonic readings), "readwriter" (rw: writers
-	// that take only a read lease) or "early" (multi: members taken one at a time with
-	// Mutexes, the last released at once). "" is dlock as shipped.
+	// that take only a read lease), "early" (multi: members taken one at a time with
+	// Mutexes, the last released at once; latch: a Wait that returns at a count of 1) or
+	// "incr" (sem: a semaphore without leases, INCRBY/DECRBY). "" is dlock as shipped.
 	Weak      string        `json:"weak,omitempty"`
 	TTL       time.Duration `json:"ttl"`
 	Work      time.Duration `json:"work"` // time inside the critical section
@@ -91,6 +92,7 @@ func runClient(spec clientSpec) error {
 	if err != nil {
 		return err
 	}
+	r.flush = spec.Workload == "sem" // the nemesis may SIGKILL its clients
 	var rdb redis.UniversalClient
 	if len(spec.ClusterAddrs) > 0 {
 		rdb = redis.NewClusterClient(&redis.ClusterOptions{Addrs: spec.ClusterAddrs})
@@ -185,6 +187,8 @@ type held struct {
 	members []int
 	tokens  []uint64
 	extra   []*dlock.Lease
+	// releasing, when set, is told the release's call time just before the release is sent.
+	releasing func(rc int64)
 
 	doneAt    atomic.Int64  // when the watcher saw Done close
 	falseLoss atomic.Bool   // see op.False
@@ -201,8 +205,9 @@ func (w *worker) watch(h *held) {
 		<-l.Done()
 		h.doneAt.Store(mono())
 		err := l.Err()
-		// Inspect reads a Mutex's hold: the rw and multi workloads do not measure false losses.
-		if !errors.Is(err, dlock.ErrLeaseLost) || deadlineLoss(err) || w.spec.Workload == "rw" || w.spec.Workload == "multi" {
+		// Inspect reads a Mutex's hold: the other workloads do not measure false losses.
+		mutex := w.spec.Workload == "fenced" || w.spec.Workload == "lockset"
+		if !errors.Is(err, dlock.ErrLeaseLost) || deadlineLoss(err) || !mutex {
 			return
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -266,6 +271,12 @@ func (w *worker) round(i int) {
 		return
 	case "multi":
 		w.roundMulti(i)
+		return
+	case "sem":
+		w.roundSem(i)
+		return
+	case "latch":
+		w.roundLatch(i)
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.OpTimeout)

@@ -15,9 +15,10 @@ type op struct {
 	// where several goroutines of one process take the same locks; 0 otherwise. A holder (see
 	// holder) is one goroutine: with cohorting, the goroutines of a process share one owner
 	// id in Redis, yet each of their leases is a holder of its own, with a token of its own.
-	G      int    `json:"g,omitempty"`
-	Lock   int    `json:"l"` // which of the scenario's locks (and its resource)
-	Kind   string `json:"k"` // "acquire", "read", "write", "incr", "extend", "release", "reenter", "unreenter", "force"
+	G    int    `json:"g,omitempty"`
+	Lock int    `json:"l"` // which of the scenario's locks (and its resource)
+	Kind string `json:"k"` // "acquire", "read", "write", "incr", "extend", "release", "reenter", "unreenter", "force",
+	// and for latches "set", "down", "wait"
 	Call   int64  `json:"call"`
 	Return int64  `json:"ret"`
 	Token  uint64 `json:"tok,omitempty"` // the lease's token; for a read, the token read
@@ -51,10 +52,18 @@ type op struct {
 	// dlock gives its other members back, so their holds end at its DoneAt), "" for any other
 	// exclusive lease (a Mutex's, a writer's).
 	Mode string `json:"m,omitempty"`
+	// Permits (acquire ops with Mode "s") is how many permits the lease took of a semaphore of
+	// Of permits. For a latch's set op, Value is the count it set.
+	Permits int `json:"p,omitempty"`
+	Of      int `json:"of,omitempty"`
 	// Note: for force ops, "kill-t" or "kill-P" when the nemesis had just killed the
 	// notification connections of that kind; for reenter ops, a re-entry anomaly.
 	Note string `json:"note,omitempty"`
 }
+
+// shared reports whether a lease's mode lets it overlap others of the same mode: readers of
+// a read-write lock ("r") and a semaphore's holders ("s", up to its permits).
+func shared(mode string) bool { return mode == "r" || mode == "s" }
 
 // holder names who holds a lease in the model and the checks: one goroutine of one process.
 func (o op) holder() int { return o.Client*1000 + o.G }
@@ -66,6 +75,9 @@ type recorder struct {
 	w   *bufio.Writer
 	enc *json.Encoder
 	id  int
+	// flush writes every op through at once: a client the nemesis SIGKILLs keeps what it
+	// recorded up to then (a line is one write, so at worst the last op is lost whole).
+	flush bool
 }
 
 func newRecorder(path string, id int) (*recorder, error) {
@@ -81,6 +93,9 @@ func (r *recorder) rec(o op) {
 	o.Client = r.id
 	r.mu.Lock()
 	_ = r.enc.Encode(o)
+	if r.flush {
+		_ = r.w.Flush()
+	}
 	r.mu.Unlock()
 }
 

@@ -8,9 +8,12 @@
 // already expired. What dlock guarantees counts as violations; the documented limits are
 // reported as expected figures. RWMutex (readers may overlap readers, nothing else may) and
 // MultiLock (each member an exclusive lease beside plain Mutexes on the same names) run under
-// the same faults. Weakened clients (SET NX + plain DEL; writes without the token check; a
+// the same faults; so do Semaphore (never more permits out than it has, a SIGKILLed holder's
+// permits back within its TTL, none lost) and Latch (no Wait returns before the count reached
+// zero). Weakened clients (SET NX + plain DEL; writes without the token check; a
 // clock without monotonic readings; writers that take a read lease; multi-locks taken one
-// member at a time with one released at once) are the positive controls: if one shows no
+// member at a time with one released at once; a semaphore without leases; a latch Wait one
+// CountDown early) are the positive controls: if one shows no
 // violation, the harness is not sensitive enough and the run fails.
 //
 //	cd safety && go run .            # full run, writes ../docs/SAFETY.md

@@ -162,7 +162,8 @@ func porcupineOps(ops []op) []porcupine.Operation {
 	dense := map[int]int{} // holder -> zero-based index (the visualisation has a row per client id)
 	for _, o := range ops {
 		switch {
-		case o.Kind == "incr", o.Kind == "reenter", o.Kind == "unreenter":
+		case o.Kind == "incr", o.Kind == "reenter", o.Kind == "unreenter",
+			o.Kind == "set", o.Kind == "down", o.Kind == "wait": // a latch's: not the model's
 			continue
 		case o.Kind == "force" && o.Result != "ok":
 			continue
@@ -224,13 +225,13 @@ func linearize(ops []op, ttl time.Duration, dir, name string, timeout time.Durat
 	return result, unknown, html
 }
 
-// exclusiveOps leaves out the read leases of a read-write lock (acquires with Mode "r" and
-// the releases and extends of those leases): the model is a mutex, so it checks the writers
-// among themselves; the counters check readers against writers.
+// exclusiveOps leaves out the read leases of a read-write lock and the leases of a semaphore
+// (acquires with Mode "r" or "s", and the releases and extends of those leases): the model is a
+// mutex, so it checks the writers among themselves; the counters check the others.
 func exclusiveOps(ops []op) []op {
 	readers := map[leaseID]bool{}
 	for _, o := range ops {
-		if o.Kind == "acquire" && o.Mode == "r" {
+		if o.Kind == "acquire" && shared(o.Mode) {
 			readers[leaseID{o.holder(), o.Call}] = true
 		}
 	}
@@ -239,7 +240,7 @@ func exclusiveOps(ops []op) []op {
 	}
 	out := make([]op, 0, len(ops))
 	for _, o := range ops {
-		if o.Kind == "acquire" && o.Mode == "r" || (o.Kind == "release" || o.Kind == "extend") && readers[leaseID{o.holder(), o.Acq}] {
+		if o.Kind == "acquire" && shared(o.Mode) || (o.Kind == "release" || o.Kind == "extend") && readers[leaseID{o.holder(), o.Acq}] {
 			continue
 		}
 		out = append(out, o)

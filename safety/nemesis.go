@@ -49,6 +49,15 @@ type env struct {
 	probeOK map[int][]int64
 	// lastFault is when the last Cluster fault on each slot range ended (nemesis goroutine).
 	lastFault map[int]int64
+
+	// The kill nemesis's: the scenario's locks (semaphores), the end of the run, the clients
+	// it killed (by id), how it starts a replacement (the next id), and how long after each
+	// kill of a holder its permits were free again (ns). procs grows under mu.
+	locks       int
+	until       int64
+	dead        map[int]bool
+	spawn       func(id int) (*exec.Cmd, error)
+	permitsBack []int64
 }
 
 // faultWindow is one Cluster fault: from its start to the cluster being stable again, on the
@@ -58,9 +67,13 @@ type faultWindow struct {
 	start, end int64
 }
 
-// setUp makes the nemesis's own clients for faults that need them.
-func (e *env) setUp(fault string) error {
+// setUp makes the nemesis's own clients for faults (and the sem workload's final check)
+// that need them.
+func (e *env) setUp(fault, workload string) error {
 	switch {
+	case workload == "sem":
+		e.lockRdb = e.lockSrv.Client()
+		e.dl = dlock.New(e.lockRdb, dlock.WithTTL(e.ttl))
 	case e.cluster != nil:
 		e.lockRdb = e.cluster.Client()
 		e.dl = dlock.New(e.lockRdb, dlock.WithTTL(e.ttl))
@@ -209,7 +222,7 @@ func nemesis(fault string, e *env) int {
 	var wg sync.WaitGroup
 	loops := 1
 	if fault == "F1" || fault == "F3" {
-		loops = min(e.p.locks, 3)
+		loops = min(e.locks, 3)
 	}
 	for k := range loops {
 		wg.Add(1)
@@ -235,6 +248,11 @@ func (e *env) inject(rng *rand.Rand, fault string, k int) bool {
 		return e.clusterFault(rng, fault == "cluster-kill")
 	case "":
 		return false
+	case "kill": // SIGKILL a semaphore's holder, start a client in its place
+		if !e.sleep(2 * ttl) {
+			return false
+		}
+		return e.killHolder(rng)
 	case "F1": // SIGSTOP a holder of lock k for 0.5-3 x TTL
 		id := e.holder(rng, k)
 		e.pausedMu.Lock()

@@ -138,6 +138,9 @@ func (w *worker) holdAndRelease(ctx context.Context, h *held) {
 	}
 	h.deadline(s.TTL)
 	rc := mono()
+	if h.releasing != nil {
+		h.releasing(rc)
+	}
 	res := []string{outcomeOf(h.lease.Unlock(ctx), "fail")}
 	for _, e := range h.extra { // the early control's other members: each Unlock says for its own
 		res = append(res, outcomeOf(e.Unlock(ctx), "fail"))

@@ -56,6 +56,14 @@ func writeReport(dir string, results []result, info runInfo) error {
 	p("in `multi-*` half the rounds take a `MultiLock` over 2-3 of the locks and half a plain `Mutex` on one of the same names, and each member of a multi-lock lease counts as an exclusive lease on that lock with its member token (`Lease.Tokens`). ")
 	p("Readers may overlap readers; every other pair of windows on a lock is counted as an overlap or double grant; porcupine checks the exclusive leases (writers, Mutexes, members) against the mutex model. ")
 	p("There a multi-lock lease counts once per member in *acquisitions*, and false losses and re-entry are not measured (their columns read 0). ")
+	p("The *semaphore* scenarios (`sem-*`, issue 11) share a quarter as many semaphores of %d permits among the clients; a round takes 1 (3 rounds in 5), 2 or 3 permits with `Acquire` and works as above without a resource: ", semPermits)
+	p("there *overlaps* and *double grants* count a window or grant that made more permits out at once than the semaphore has (summing the permits of the windows open, and of the holds Redis certainly kept), ")
+	p("and tokens must not go back from one busy period to the next (the holders of one busy period share a token). In `sem-kill` the nemesis SIGKILLs the process holding permits of a random semaphore every 2-2.5 × TTL and starts a fresh client in its place; ")
+	p("the killed holder's lease, which it never recorded, is read back from what it left in the resource Redis before working (with its release's call time if it had sent one), ")
+	p("and the deadline Redis keeps for its hold tells when its permits are free again (*late*: more than a TTL after the kill). A TTL and a grant's grace after the run, every permit must be free (*permits lost*: those `TryAcquire` cannot take). ")
+	p("The *latch* scenarios (`latch-*`) share as many count-down latches; a round sets a count of 1-3 with `TrySetCount`, counts down or waits (500ms at most), at random, and a `Wait` that returned while the count was certainly above zero counts as *early*: ")
+	p("a count set before the Wait began, fewer count-downs that could have applied before it returned (their replies lost included), and no new count set in between (which would mean it reached zero). ")
+	p("Their figures are in the targets below. ")
 	p("Scenarios run %v each (F1: %v) unless they say otherwise below. ", pp.dur, pp.longDur)
 	p("Every operation is recorded with its call and return times on `CLOCK_MONOTONIC` (one clock for all processes), its fencing token and ok / fail / unknown (a lost reply).\n\n")
 
@@ -212,6 +220,31 @@ func writeTargets(p func(string, ...any), results []result) {
 	}
 	if primN > 0 {
 		row("RWMutex and MultiLock: no writer's or member's window overlaps another lease's, write tokens never go back (0 violations)", strings.Join(prim, "; "), primOK)
+	}
+	var sem []string
+	semOK, semN := true, 0
+	for _, r := range results {
+		if n := r.Scenario.Name; !r.Control && strings.HasPrefix(n, "sem-") {
+			sem = append(sem, fmt.Sprintf("%s %d in %d acquisitions, %d faults (%s)", n, r.Violations(), r.Verdict.Acquisitions, r.Faults, semLine(r)))
+			semOK = semOK && r.Violations() == 0
+			semN++
+		}
+	}
+	if semN > 0 {
+		row(fmt.Sprintf("Semaphore under F1, F5, F6 and SIGKILLed holders: never more than its %d permits out, killed holders' permits free within the TTL, 0 lost (0 violations)", semPermits),
+			strings.Join(sem, "; "), semOK)
+	}
+	var latch []string
+	latchOK, latchN := true, 0
+	for _, r := range results {
+		if n := r.Scenario.Name; !r.Control && strings.HasPrefix(n, "latch-") {
+			latch = append(latch, fmt.Sprintf("%s %d early of %d waits returned, %d faults", n, r.Verdict.LatchEarly, r.Verdict.LatchWaits, r.Faults))
+			latchOK = latchOK && r.Violations() == 0 && r.Verdict.LatchWaits > 0
+			latchN++
+		}
+	}
+	if latchN > 0 {
+		row("Latch: no Wait returns before the count reached zero", strings.Join(latch, "; "), latchOK)
 	}
 	if r, ok := by["F9-lockset"]; ok {
 		lost := fmt.Sprintf("%d leases lost", r.Verdict.LeasesLost)

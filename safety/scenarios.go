@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -10,7 +9,6 @@ import (
 	"regexp"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/dlock-go/dlock/internal/redisserver"
@@ -36,8 +34,8 @@ func certainLease(ttl time.Duration) int64 { return safeLease(min(ttl, grantGrac
 // A scenario is one workload under one fault.
 type scenario struct {
 	Name     string `json:"name"`
-	Workload string `json:"workload"` // "fenced", "lockset", "rw" (RWMutex) or "multi" (MultiLock beside Mutexes)
-	Fault    string `json:"fault"`    // "", "F1", "F2", "F3", "F4", "F5", "F6-restart", "F6-aof", "F6-delayed", "F9", "notify", "cluster-failover", "cluster-kill"
+	Workload string `json:"workload"` // "fenced", "lockset", "rw" (RWMutex), "multi" (MultiLock beside Mutexes), "sem" (Semaphore) or "latch"
+	Fault    string `json:"fault"`    // "", "F1", "F2", "F3", "F4", "F5", "F6-restart", "F6-aof", "F6-delayed", "F9", "notify", "cluster-failover", "cluster-kill", "kill" (client SIGKILL)
 	Weak     string `json:"control,omitempty"`
 	// Catch lists what a control must show (kinds dlock guarantees in the scenario it mirrors)
 	// for the run to count it as caught.
@@ -80,6 +78,11 @@ var all = []string{"overlaps", "double", "tokens", "stale", "lost", "foreign", "
 // primitives is what the rw and multi workloads check (they touch no resource and do not
 // read the hold back after a loss).
 var primitives = []string{"overlaps", "double", "tokens", "foreign", "expired", "illegal"}
+
+// semaphore is what the sem workload checks: the permits held at once by the validity windows
+// (overlaps) and by the holds Redis certainly kept (double), tokens, permits that never came
+// back, and killed holders' permits kept past their TTL.
+var semaphore = []string{"overlaps", "double", "tokens", "permits-lost", "permits-late"}
 
 func except(drop ...string) []string {
 	var out []string
@@ -156,6 +159,25 @@ var scenarios = []scenario{
 	{Name: "multi-cluster-failover", Workload: "multi", Fault: "cluster-failover", Cluster: true, Renew: true, TTL: 2 * time.Second, WorkTTL: 0.25,
 		OpTimeout: 10 * time.Second, FullOnly: true, FullDur: 45 * time.Second, Guarantee: primitives,
 		About: "MultiLock (members on different masters as a rule) and Mutex holders on the Redis Cluster, graceful failovers about every second"},
+	// Issue 11: Semaphore and Latch.
+	{Name: "sem-F1", Workload: "sem", Fault: "F1", FullDur: 30 * time.Second, Guarantee: semaphore,
+		About: "semaphores of 3 permits (a quarter as many as locks, so 4 clients to each), each round Acquire of 1 (3 in 5), 2 or 3 permits, holders paused (SIGSTOP) for 0.5-3 x TTL: the validity windows open at any moment hold at most 3 permits, so do the holds Redis certainly keeps, tokens never go back, and a TTL after the run every permit can be taken again"},
+	{Name: "sem-F5", Workload: "sem", Fault: "F5", FullOnly: true, FullDur: 30 * time.Second, Guarantee: semaphore,
+		About: "the semaphores of sem-F1, Redis paused (SIGSTOP) for 1.5 x TTL"},
+	{Name: "sem-F6-aof", Workload: "sem", Fault: "F6-aof", FullOnly: true, FullDur: 30 * time.Second, Guarantee: semaphore,
+		About: "the semaphores of sem-F1, Redis killed and restarted with appendfsync always"},
+	{Name: "sem-kill", Workload: "sem", Fault: "kill", FullDur: 45 * time.Second, Guarantee: semaphore,
+		About: "the semaphores of sem-F1, every 2-2.5 x TTL the process holding permits of one of them SIGKILLed (a fresh client started in its place): the killed holder's lease (read back from what it left before working) counts in the checks, its permits are free again at most a TTL after the kill (the deadline Redis keeps for its hold), and none is lost"},
+	{Name: "latch-F1", Workload: "latch", Fault: "F1", FullDur: 30 * time.Second, Guarantee: []string{"early"},
+		About: "count-down latches (a quarter as many as locks), each round at random TrySetCount(1-3), CountDown or Wait (at most 500ms), clients paused (SIGSTOP) for 0.5-3 x TTL: no Wait returns while the count was certainly above zero (a count set before the Wait began, fewer CountDowns that could have applied before it returned, no new count in between)"},
+	{Name: "latch-F5", Workload: "latch", Fault: "F5", FullOnly: true, FullDur: 30 * time.Second, Guarantee: []string{"early"},
+		About: "the latches of latch-F1, Redis paused (SIGSTOP) for 1.5 x TTL"},
+	{Name: "latch-F6-aof", Workload: "latch", Fault: "F6-aof", FullOnly: true, FullDur: 30 * time.Second, Guarantee: []string{"early"},
+		About: "the latches of latch-F1, Redis killed and restarted with appendfsync always"},
+	{Name: "control-sem-kill", Workload: "sem", Fault: "kill", Weak: "incr", FullDur: 30 * time.Second, Catch: []string{"permits-lost"},
+		About: "control: sem-kill with a semaphore without leases (INCRBY the permits out, DECRBY back when over 3, DECRBY to release): a killed holder's permits never come back"},
+	{Name: "control-latch-F1", Workload: "latch", Fault: "F1", Weak: "early", FullDur: 30 * time.Second, Catch: []string{"early"},
+		About: "control: latch-F1 with a Wait that returns at a count of 1, one CountDown too soon"},
 	{Name: "control-rw-F1", Workload: "rw", Fault: "F1", Weak: "readwriter", FullDur: 30 * time.Second, Catch: []string{"overlaps", "double", "illegal"},
 		About: "control: rw-F1 with writers that take only a read lease (RLock) and write as if alone"},
 	{Name: "control-multi-F1", Workload: "multi", Fault: "F1", Weak: "early", FullDur: 30 * time.Second, Catch: []string{"overlaps", "double", "illegal"},
@@ -214,6 +236,12 @@ func (r result) count(what string) int {
 		return v.ReentryErrors
 	case "unexplained":
 		return v.Unexplained
+	case "permits-lost":
+		return v.PermitsLost
+	case "permits-late":
+		return v.PermitsLate
+	case "early":
+		return v.LatchEarly
 	}
 	return 0
 }
@@ -315,6 +343,12 @@ func extraLine(r result) string {
 	if r.Scenario.Cluster {
 		parts = append(parts, fmt.Sprintf("unexplained overlaps/double grants %d", v.Unexplained))
 	}
+	if r.Scenario.Workload == "sem" {
+		parts = append(parts, semLine(r))
+	}
+	if r.Scenario.Workload == "latch" {
+		parts = append(parts, fmt.Sprintf("waits returned %d, early %d", v.LatchWaits, v.LatchEarly))
+	}
 	return strings.Join(parts, "; ")
 }
 
@@ -340,7 +374,12 @@ func runScenario(s scenario, p params, seed int64) (result, error) {
 			goroutines = s.Goroutines
 		}
 	}
-	r := result{Scenario: s, Control: s.Weak != "", TTLms: ttl.Milliseconds(), Clients: p.clients, Locks: p.locks, Seed: seed, Goroutines: goroutines}
+	// Semaphores and latches are shared by more clients each: a quarter as many.
+	locks := p.locks
+	if s.Workload == "sem" || s.Workload == "latch" {
+		locks = max(1, locks/4)
+	}
+	r := result{Scenario: s, Control: s.Weak != "", TTLms: ttl.Milliseconds(), Clients: p.clients, Locks: locks, Seed: seed, Goroutines: goroutines}
 	e := &env{p: p, ttl: ttl, paused: map[int]bool{}, seed: r.Seed}
 	lockURL := ""
 	var clusterAddrs []string
@@ -389,7 +428,7 @@ func runScenario(s scenario, p params, seed int64) (result, error) {
 		defer e.lockPx.Stop()
 		lockURL = proxyURL(e.lockPx)
 	}
-	if err := e.setUp(s.Fault); err != nil {
+	if err := e.setUp(s.Fault, s.Workload); err != nil {
 		return r, err
 	}
 	defer e.tearDown()
@@ -416,6 +455,18 @@ func runScenario(s scenario, p params, seed int64) (result, error) {
 	}
 	start := time.Now()
 	until := mono() + int64(dur)
+	specFor := func(id int, writeURL string) clientSpec {
+		spec := clientSpec{ID: id, LockURL: lockURL, ResURL: resSrv.URL(), WriteURL: writeURL, Workload: s.Workload, Weak: s.Weak,
+			TTL: ttl, Work: work, Until: until, Locks: locks, HistPath: filepath.Join(dir, fmt.Sprintf("c%d.jsonl", id)),
+			Drift: drift, OpTimeout: opTimeout, Seed: r.Seed, Renew: s.Renew, Try: s.Try, Extend: s.Extend, Clock: s.Fault == "F9",
+			ClusterAddrs: clusterAddrs, Default: s.Default, Goroutines: goroutines}
+		if s.Default {
+			spec.Reenter = 0.3
+		}
+		return spec
+	}
+	e.locks, e.until, e.dead = locks, until, map[int]bool{}
+	e.spawn = func(id int) (*exec.Cmd, error) { return startClient(specFor(id, "")) }
 	e.procs = make([]*exec.Cmd, p.clients)
 	for i := range e.procs {
 		writeURL := ""
@@ -428,18 +479,8 @@ func runScenario(s scenario, p params, seed int64) (result, error) {
 			e.resPx = append(e.resPx, px)
 			writeURL = proxyURL(px)
 		}
-		spec := clientSpec{ID: i + 1, LockURL: lockURL, ResURL: resSrv.URL(), WriteURL: writeURL, Workload: s.Workload, Weak: s.Weak,
-			TTL: ttl, Work: work, Until: until, Locks: p.locks, HistPath: filepath.Join(dir, fmt.Sprintf("c%d.jsonl", i+1)),
-			Drift: drift, OpTimeout: opTimeout, Seed: r.Seed, Renew: s.Renew, Try: s.Try, Extend: s.Extend, Clock: s.Fault == "F9",
-			ClusterAddrs: clusterAddrs, Default: s.Default, Goroutines: goroutines}
-		if s.Default {
-			spec.Reenter = 0.3
-		}
-		b, _ := json.Marshal(spec)
-		cmd := exec.Command(os.Args[0], "-client", string(b))
-		cmd.Stderr = os.Stderr
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-		if err := cmd.Start(); err != nil {
+		cmd, err := startClient(specFor(i+1, writeURL))
+		if err != nil {
 			return r, err
 		}
 		e.procs[i] = cmd
@@ -453,14 +494,33 @@ func runScenario(s scenario, p params, seed int64) (result, error) {
 		r.Faults = nemesis(s.Fault, e)
 	}()
 	e.startProbes(stop, &wg)
+	// The kill nemesis adds clients as it goes: wait for every one, those it started after
+	// the first ones ended included. A client it killed ends with an error, as it should.
 	var failed error
-	for _, cmd := range e.procs {
-		if err := waitTimeout(cmd, dur+30*time.Second+opTimeout); err != nil && failed == nil {
-			failed = fmt.Errorf("client: %w", err)
+	waited := 0
+	waitAll := func() {
+		for {
+			e.mu.Lock()
+			if waited >= len(e.procs) {
+				e.mu.Unlock()
+				return
+			}
+			cmd := e.procs[waited]
+			e.mu.Unlock()
+			waited++
+			err := waitTimeout(cmd, dur+30*time.Second+opTimeout)
+			e.mu.Lock()
+			killed := e.dead[waited]
+			e.mu.Unlock()
+			if err != nil && !killed && failed == nil {
+				failed = fmt.Errorf("client: %w", err)
+			}
 		}
 	}
+	waitAll()
 	close(stop)
 	wg.Wait()
+	waitAll()
 	if failed != nil {
 		return r, failed
 	}
@@ -481,6 +541,16 @@ func runScenario(s scenario, p params, seed int64) (result, error) {
 		}
 	}
 	r.Verdict = check(ops, finals, ttl, s.Try, e.kills)
+	if s.Workload == "sem" {
+		r.Verdict.PermitsLost = e.lostPermits(s.Weak)
+		r.Verdict.Kills = len(e.dead)
+		r.Verdict.PermitsBack = distOf(e.permitsBack)
+		for _, b := range e.permitsBack {
+			if b > int64(ttl+permitSlack) {
+				r.Verdict.PermitsLate++
+			}
+		}
+	}
 	r.Verdict.Unavailable = e.unavailability()
 	r.Verdict.Porcupine, r.Verdict.PorcupineUnknown, r.Verdict.PorcupineHTML = linearize(ops, ttl, p.htmlDir, s.Name, p.checkTimeout)
 	r.Seconds = time.Since(start).Seconds()
