@@ -105,25 +105,32 @@ func (d *Latch) Count(ctx context.Context) (int, error) {
 	if d.err != nil {
 		return 0, d.err
 	}
+	n, _, err := d.count(ctx)
+	return n, err
+}
+
+// count reads the latch's count and its generation (the id of the TrySetCount call that set
+// it; "" when open).
+func (d *Latch) count(ctx context.Context) (int, string, error) {
 	// One read: a latch set or opened meanwhile is seen whole, never half.
-	f, err := d.c.rdb.HMGet(ctx, d.keys.lock, "#k", "#n", "#v").Result()
+	f, err := d.c.rdb.HMGet(ctx, d.keys.lock, "#k", "#n", "#v", "#g").Result()
 	if err != nil {
 		if strings.HasPrefix(err.Error(), "WRONGTYPE") {
-			return 0, fmt.Errorf("%w: %q holds a value of another type, not a latch", ErrInvalid, d.name)
+			return 0, "", fmt.Errorf("%w: %q holds a value of another type, not a latch", ErrInvalid, d.name)
 		}
-		return 0, redisErr("read latch", d.name, err)
+		return 0, "", redisErr("read latch", d.name, err)
 	}
 	if f[0] == nil && f[2] == nil {
-		return 0, nil // no state: open
+		return 0, "", nil // no state: open
 	}
 	if str(f[0]) != "latch" {
-		return 0, fmt.Errorf("%w: %q is held as a lock, not a latch", ErrInvalid, d.name)
+		return 0, "", fmt.Errorf("%w: %q is held as a lock, not a latch", ErrInvalid, d.name)
 	}
 	n, err := strconv.Atoi(str(f[1]))
 	if err != nil {
-		return 0, fmt.Errorf("dlock: latch %q: count %q: %w", d.name, str(f[1]), err)
+		return 0, "", fmt.Errorf("dlock: latch %q: count %q: %w", d.name, str(f[1]), err)
 	}
-	return max(n, 0), nil
+	return max(n, 0), str(f[3]), nil
 }
 
 // Wait returns nil once the latch is open: at once when it has no state in Redis (never set,
@@ -169,7 +176,7 @@ func (d *Latch) Wait(ctx context.Context) error {
 	backoff := time.Duration(0)
 	for {
 		listen()
-		count, err := d.Count(ctx)
+		count, gen, err := d.count(ctx)
 		switch {
 		case err == nil && count == 0:
 			return nil
@@ -203,8 +210,10 @@ func (d *Latch) Wait(ctx context.Context) error {
 		case <-d.c.bg.Done():
 			return fmt.Errorf("%w: latch %q", ErrClosed, d.name)
 		case <-wake:
-			if sub.takeOpened() {
-				return nil // it reached zero while we listened (only an opening publishes "z")
+			if sub.takeOpened(gen) {
+				// The count it read reached zero while it listened. An opening of an earlier
+				// count, pushed late, is not this one: it reads the count again.
+				return nil
 			}
 		case <-timer.C:
 		}

@@ -356,3 +356,65 @@ func TestLatchWaitEndsOnClose(t *testing.T) {
 		t.Fatalf("Wait after Close: %v, want ErrClosed", err)
 	}
 }
+
+// An opening pushed late (the "z" of an earlier count, still on its way when the latch was
+// set anew and a Wait began) does not end a Wait on the new count: only the opening of the
+// count the Wait read does (found by the safety suite's latch-F1, a client paused while the
+// latch opened). The stale messages are published by hand, then a second latch's opening on
+// the same notifier connection proves they were processed before the first Wait is looked at.
+func TestLatchStaleOpeningDoesNotEndWait(t *testing.T) {
+	dlock.SetLatchRecheck(t, time.Minute)
+	c, rdb := newClient(t)
+	ctx := ctxT(t)
+	name, other := redistest.Name(t), redistest.Name(t)+"-barrier"
+	d := c.Latch(name)
+	if _, err := d.TrySetCount(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.CountDown(ctx); err != nil { // opens: "z <first generation>"
+		t.Fatal(err)
+	}
+	if _, err := d.TrySetCount(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- d.Wait(ctx) }()
+	waitSubscribed(t, name, 1)
+	// The first count's opening and a generation-less one, as an older dlock publishes.
+	for _, stale := range []string{"z", "z 0000000000000000zz"} {
+		if err := rdb.Publish(ctx, lockKey(name)+":released", stale).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b := c.Latch(other)
+	if _, err := b.TrySetCount(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	barrier := make(chan error, 1)
+	go func() { barrier <- b.Wait(ctx) }()
+	waitSubscribed(t, other, 1)
+	if err := b.CountDown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-barrier; err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("Wait on a count of 2 ended by a stale opening: %v", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	for range 2 {
+		if err := d.CountDown(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the opening of the count the Wait read did not wake it")
+	}
+}

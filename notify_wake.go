@@ -2,6 +2,7 @@ package dlock
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -78,12 +79,15 @@ const writerWaits = "#x"
 // waiter with the hold it recorded, handed to that waiter; "g <owner>": a release granted the
 // lock to owner, to confirm; "w <owner>": it freed the lock for owner, first in line, to
 // compete for; either way only that waiter wakes. "x": a writer joined the queue, which wakes
-// the shared read holds (readshare.go). "z": a latch opened (its waiters return at once).
+// the shared read holds (readshare.go). "z <generation>": a latch opened (its waiters that read
+// that generation's count return at once).
 // Anything else wakes every waiter.
 func (n *notifier) released(channel, payload string) {
 	owner := ""
 	g, gOwner, granted := parseGrant(payload)
+	gen, opened := latchOpened(payload)
 	switch {
+	case opened:
 	case granted:
 		owner = gOwner
 	case len(payload) > 2 && payload[1] == ' ':
@@ -93,10 +97,11 @@ func (n *notifier) released(channel, payload string) {
 	}
 	n.mu.Lock()
 	if cs := n.chans[channel]; cs != nil {
-		if payload == "z" {
-			// A latch opened (latch_down.lua): its waiters return without reading it again.
+		if opened {
+			// A latch opened (latch_down.lua): its waiters that read this count return
+			// without reading it again.
 			for s := range cs.waiters {
-				s.opened = true
+				s.opened = append(s.opened, gen)
 			}
 		}
 		wakeGranted(cs, owner, g)
@@ -145,19 +150,31 @@ type subscription struct {
 	c         chan struct{}
 	confirmed bool      // false: the channel may not be subscribed, so the waiter must poll
 	grant     *grantMsg // the latest grant pushed to the waiter (n.mu); see takeGrant
-	opened    bool      // a latch's "z" came while subscribed (n.mu); see takeOpened
+	opened    []string  // generations of a latch whose "z" came while subscribed (n.mu); see takeOpened
 }
 
-// takeOpened reports, and forgets, whether a latch's opening ("z") was pushed to the waiter:
-// the latch reached zero while the waiter was subscribed.
-func (s *subscription) takeOpened() bool {
+// latchOpened parses a latch's opening, "z <generation>" ("z" from a latch set without one):
+// the generation is the id of the TrySetCount call that set the count which reached zero.
+func latchOpened(payload string) (gen string, ok bool) {
+	if payload == "z" {
+		return "", true
+	}
+	gen, ok = strings.CutPrefix(payload, "z ")
+	return gen, ok
+}
+
+// takeOpened reports whether the opening of the latch's count of generation gen (the one the
+// waiter read) was pushed to the waiter since the last call, and forgets the openings pushed.
+// An opening of another generation is one of an earlier count, published before the latch was
+// set again: the count the waiter read may still be above zero.
+func (s *subscription) takeOpened(gen string) bool {
 	if s.cs == nil {
 		return false
 	}
 	s.n.mu.Lock()
 	defer s.n.mu.Unlock()
-	o := s.opened
-	s.opened = false
+	o := slices.Contains(s.opened, gen)
+	s.opened = s.opened[:0]
 	return o
 }
 

@@ -10,10 +10,10 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
   return 0
 end
 local head = first_waiter(KEYS[4], KEYS[5])
-local latch = lock_fields(KEYS[1], '#k')
+local latch = lock_fields(KEYS[1], '#k', '#g')
 redis.call('DEL', KEYS[1])
 if latch and latch[1] == 'latch' then
-  notify(ARGV[4], ARGV[2], 'z') -- a latch broken is open: its waiters return
+  notify(ARGV[4], ARGV[2], latch[2] and ('z ' .. latch[2]) or 'z') -- a latch broken is open
   return 1
 end
 if head then

@@ -1,4 +1,6 @@
--- latch_down: count a latch down by one; at zero it is deleted and its waiters are told.
+-- latch_down: count a latch down by one; at zero it is deleted and its waiters are told ("z
+-- <generation>": a waiter trusts only the opening of the count it read, not a message of an
+-- earlier one still on its way).
 --
 -- KEYS[1] latch hash (see latch_set.lua)
 -- KEYS[2] op log (see latch_set.lua)
@@ -13,7 +15,7 @@
 -- Returns the count after the call: -1 when there was no latch (never set, already at zero,
 -- or expired: nothing changed, as counting below zero does nothing). A key of another kind is
 -- refused as in latch_set.lua.
-local f = lock_fields(KEYS[1], '#k', '#v', '#n')
+local f = lock_fields(KEYS[1], '#k', '#v', '#n', '#g')
 if not f then
   return kind_error(KEYS[1], 'latch', 'value of another type')
 end
@@ -39,7 +41,7 @@ end
 local n = redis.call('HINCRBY', KEYS[1], '#n', -1)
 if n <= 0 then
   redis.call('DEL', KEYS[1])
-  notify(ARGV[3], ARGV[2], 'z')
+  notify(ARGV[3], ARGV[2], f[4] and ('z ' .. f[4]) or 'z')
   return 0
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[1])

@@ -1,6 +1,7 @@
 -- latch_set: start a count-down latch at a count, unless it is counting already.
 --
--- KEYS[1] latch hash {"#k": "latch", "#v": layout, "#n": count} (the lock key of its name)
+-- KEYS[1] latch hash {"#k": "latch", "#v": layout, "#n": count, "#g": generation: the call id
+--         that set this count} (the lock key of its name)
 -- KEYS[2] op log      hash (the lock's, acquire.lua): ls:<call id> / ld:<call id> = 1 for a
 --                     latch call applied, kept for the op log's TTL, past the latch itself
 -- ARGV[1] count (>= 1)
@@ -34,6 +35,6 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
 end
 redis.call('HSET', KEYS[2], 'ls:' .. ARGV[3], 1)
 redis.call('PEXPIRE', KEYS[2], ARGV[4])
-redis.call('HSET', KEYS[1], '#k', 'latch', '#v', LAYOUT, '#n', ARGV[1])
+redis.call('HSET', KEYS[1], '#k', 'latch', '#v', LAYOUT, '#n', ARGV[1], '#g', ARGV[3])
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
