@@ -30,7 +30,9 @@ func permitGrants(acquires, ops []op, ttl time.Duration, cut func(op, int64) int
 		}
 		for j := i - 1; j >= 0 && j >= i-512; j-- {
 			a := byRet[j]
-			if a.holder() == b.holder() || ends[j] <= b.Return {
+			// The same holder's earlier lease counts too: a hold it lost locally (a late
+			// reply, a missed renewal) may still have its permits in Redis.
+			if ends[j] <= b.Return {
 				continue
 			}
 			atReturn += a.Permits // a.Return <= b.Return by the order
@@ -75,7 +77,8 @@ func permitOverlaps(windows []window) int {
 // earlyWaits counts a latch's Waits that returned ok while its count was certainly above
 // zero: after a TrySetCount that reported true (S) had returned before the Wait was called,
 // fewer CountDowns than S's count could have been applied before the Wait returned (those
-// that did not fail and overlap [S's call, the Wait's return]), and no other TrySetCount
+// that did not fail and overlap [S's call, the Wait's return], one whose reply was lost from
+// its call on), and no other TrySetCount
 // could have started a new count in between (one that did would mean the count had reached
 // zero). It returns the Waits that returned ok as well.
 func earlyWaits(ops []op) (early, waits int) {
@@ -85,6 +88,9 @@ func earlyWaits(ops []op) (early, waits int) {
 		case o.Kind == "set" && o.Result != "fail":
 			sets = append(sets, o)
 		case o.Kind == "down" && o.Result != "fail":
+			if o.Result == "unknown" {
+				o.Return = 1<<62 - 1 // its reply was lost: Redis may run it any time after its call
+			}
 			downs = append(downs, o)
 		}
 	}
@@ -102,10 +108,10 @@ func earlyWaits(ops []op) (early, waits int) {
 		if k < 0 {
 			continue // no count known: the latch may have had no state
 		}
-		s := sets[k]
+		s := &sets[k]
 		newer := false
-		for _, x := range sets {
-			if x != s && x.Call < w.Return && x.Return > s.Call {
+		for x := range sets {
+			if x != k && sets[x].Call < w.Return && sets[x].Return > s.Call {
 				newer = true
 				break
 			}
@@ -114,8 +120,8 @@ func earlyWaits(ops []op) (early, waits int) {
 			continue
 		}
 		applied := 0
-		for _, d := range downs {
-			if d.Call < w.Return && d.Return > s.Call {
+		for d := range downs {
+			if downs[d].Call < w.Return && downs[d].Return > s.Call {
 				applied++
 			}
 		}

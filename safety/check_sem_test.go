@@ -63,6 +63,7 @@ func TestLatchEarlyWaits(t *testing.T) {
 		{"a set refused (counting already) starts nothing", []op{at("set", 0, 1, "ok", 2), at("set", 2, 3, "fail", 3), at("down", 2, 3, "ok", 0), at("wait", 4, 6, "ok", 0)}, 1},
 		{"a new count set while it waited means it reached zero", []op{at("set", 0, 1, "ok", 2), at("wait", 2, 6, "ok", 0), at("set", 3, 4, "ok", 1)}, 0},
 		{"the count set last before the Wait is the one that counts", []op{at("set", 0, 1, "ok", 2), at("down", 1, 2, "ok", 0), at("down", 2, 3, "ok", 0), at("set", 3, 4, "ok", 1), at("wait", 5, 6, "ok", 0)}, 1},
+		{"a count-down with a lost reply may apply after it gave up", []op{at("down", 0, 5, "unknown", 0), at("set", 10, 11, "ok", 1), at("wait", 13, 14, "ok", 0)}, 0},
 		{"a Wait that timed out counts for nothing", []op{at("set", 0, 1, "ok", 2), at("wait", 3, 600, "unknown", 0)}, 0},
 	}
 	for _, c := range cases {
@@ -71,5 +72,18 @@ func TestLatchEarlyWaits(t *testing.T) {
 				t.Fatalf("earlyWaits = %d, want %d", got, c.want)
 			}
 		})
+	}
+}
+
+// A holder killed after it recorded its lease, before it took back what it left for the
+// nemesis: the nemesis's copy of the lease, and of its release, is dropped at the merge.
+func TestKilledHolderRecordedOnce(t *testing.T) {
+	a := acq(1, 0, 1, 1)
+	a.Mode, a.Permits, a.Of = "s", 2, 3
+	recorded := []op{a, relTok(1, 0, 10, 1)}
+	nem := []op{a, {Client: 1, Kind: "release", Call: 10 * ms, Acq: 0, Result: "unknown"}, acq(2, 20, 21, 2)}
+	got := notRecorded(recorded, nem)
+	if len(got) != 1 || got[0].Client != 2 {
+		t.Fatalf("notRecorded kept %+v, want only the lease no client recorded", got)
 	}
 }

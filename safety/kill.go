@@ -79,12 +79,12 @@ func (e *env) permitsOut(ctx context.Context, a op, at int64) {
 	}
 	var dl *redis.StringCmd
 	var now *redis.TimeCmd
+	sent := mono()
 	_, err := e.lockRdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		dl = p.HGet(ctx, "dlock:{"+lockName(a.Lock)+"}", "#e:"+a.Owner)
 		now = p.Time(ctx)
 		return nil
 	})
-	read := mono()
 	if errors.Is(err, redis.Nil) {
 		return // released, or pruned already
 	}
@@ -96,7 +96,9 @@ func (e *env) permitsOut(ctx context.Context, a op, at int64) {
 	if derr != nil {
 		return
 	}
-	back := (d-now.Val().UnixMilli())*int64(time.Millisecond) + (read - at)
+	// A lower bound: Redis read its clock after the read was sent (the time the reply took to
+	// come back would count against dlock).
+	back := (d-now.Val().UnixMilli())*int64(time.Millisecond) + (sent - at)
 	e.mu.Lock()
 	e.permitsBack = append(e.permitsBack, max(back, 0))
 	e.mu.Unlock()
@@ -146,6 +148,29 @@ func startClient(spec clientSpec) (*exec.Cmd, error) {
 		return nil, err
 	}
 	return cmd, nil
+}
+
+// notRecorded returns the nemesis's ops but the killed holders' leases (and their releases)
+// that their clients recorded themselves before the kill: a holder killed between recording
+// its lease and taking back what it left would be counted twice.
+func notRecorded(recorded, nem []op) []op {
+	acquired, released := map[leaseID]bool{}, map[leaseID]bool{}
+	for _, o := range recorded {
+		switch o.Kind {
+		case "acquire":
+			acquired[leaseID{o.holder(), o.Call}] = true
+		case "release":
+			released[leaseID{o.holder(), o.Acq}] = true
+		}
+	}
+	var out []op
+	for _, o := range nem {
+		if o.Kind == "acquire" && acquired[leaseID{o.holder(), o.Call}] || o.Kind == "release" && released[leaseID{o.holder(), o.Acq}] {
+			continue
+		}
+		out = append(out, o)
+	}
+	return out
 }
 
 // semLine is a sem scenario's figures beside the main table's: kills, how soon killed

@@ -532,7 +532,7 @@ func runScenario(s scenario, p params, seed int64) (result, error) {
 		}
 		ops = append(ops, h...)
 	}
-	ops = append(ops, e.nemOps...)
+	ops = append(ops, notRecorded(ops, e.nemOps)...)
 	var finals map[int]int64
 	if s.Workload == "lockset" {
 		finals = map[int]int64{}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/dlock-go/dlock"
@@ -61,8 +62,8 @@ func (w *worker) roundSem(i int) {
 		w.watch(h)
 	}
 	h.deadline(s.TTL)
-	w.leave(ctx, semHeld{Acq: h.acq})
-	h.releasing = func(rc int64) { w.leave(ctx, semHeld{Acq: h.acq, Release: rc}) }
+	w.leave(semHeld{Acq: h.acq})
+	h.releasing = func(rc int64) { w.leave(semHeld{Acq: h.acq, Release: rc}) }
 	if l != nil {
 		w.holdAndRelease(ctx, h)
 	} else {
@@ -85,10 +86,19 @@ type semHeld struct {
 	Release int64 `json:"release,omitempty"`
 }
 
-// leave writes what the nemesis finds of this holder's lease if it kills it.
-func (w *worker) leave(ctx context.Context, sh semHeld) {
+// leave writes what the nemesis finds of this holder's lease if it kills it. When the release
+// cannot be noted, the record is taken back: the nemesis would take the lease for held to its
+// end, which would be wrong (it then misses the lease instead).
+func (w *worker) leave(sh semHeld) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
 	b, _ := json.Marshal(sh)
-	_ = w.res.Set(ctx, semHeldKey(w.spec.ID), b, 0).Err()
+	if err := w.res.Set(ctx, semHeldKey(w.spec.ID), b, 0).Err(); err != nil {
+		fmt.Fprintln(os.Stderr, "safety client: note the held permits:", err)
+		if sh.Release > 0 {
+			_ = w.res.Del(context.Background(), semHeldKey(w.spec.ID)).Err()
+		}
+	}
 }
 
 // incrAcquire is the "incr" control's semaphore, without leases: INCRBY the count of permits
