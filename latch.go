@@ -157,12 +157,19 @@ func (d *Latch) Wait(ctx context.Context) error {
 			sub.close()
 		}
 	}()
+	// seen holds the generations of the counts this Wait read above zero: an opening pushed
+	// for any of them (a count that reached zero during the Wait) ends it, even when the
+	// latch was set anew before the Wait looked; one of another generation, pushed late from
+	// before the Wait, does not.
+	seen := map[string]bool{}
+	opened := false
 	listen := func() {
 		nn := d.c.notifierFor(ctx, d.keys.lock)
 		if nn == n && sub != nil && sub.live() {
 			return
 		}
 		if sub != nil {
+			opened = opened || sub.openedAny(seen)
 			sub.close()
 			sub = nil
 		}
@@ -176,11 +183,15 @@ func (d *Latch) Wait(ctx context.Context) error {
 	backoff := time.Duration(0)
 	for {
 		listen()
+		if opened || sub != nil && sub.openedAny(seen) {
+			return nil
+		}
 		count, gen, err := d.count(ctx)
 		switch {
 		case err == nil && count == 0:
 			return nil
 		case err == nil:
+			seen[gen] = true
 			failing, backoff = nil, 0
 		case errors.Is(err, ErrUnavailable) && ctx.Err() == nil:
 			failing = err
@@ -209,12 +220,7 @@ func (d *Latch) Wait(ctx context.Context) error {
 			return notObtained(d.name, ctx.Err(), failing)
 		case <-d.c.bg.Done():
 			return fmt.Errorf("%w: latch %q", ErrClosed, d.name)
-		case <-wake:
-			if sub.takeOpened(gen) {
-				// The count it read reached zero while it listened. An opening of an earlier
-				// count, pushed late, is not this one: it reads the count again.
-				return nil
-			}
+		case <-wake: // an opening of a count it read ends the Wait at the top of the loop
 		case <-timer.C:
 		}
 	}

@@ -3,12 +3,14 @@ package dlock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/internal/redistest"
 	"github.com/dlock-go/dlock/internal/scripts"
+	"github.com/redis/go-redis/v9"
 )
 
 func mustCount(t *testing.T, d *dlock.Latch, want int) {
@@ -416,5 +418,75 @@ func TestLatchStaleOpeningDoesNotEndWait(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the opening of the count the Wait read did not wake it")
+	}
+}
+
+// readSignal is a go-redis hook that tells, on reads, when an HMGET of key has been answered.
+type readSignal struct {
+	key   string
+	reads chan struct{}
+}
+
+func (h *readSignal) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *readSignal) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if a := cmd.Args(); len(a) > 1 && cmd.Name() == "hmget" && a[1] == h.key {
+			select {
+			case h.reads <- struct{}{}:
+			default:
+			}
+		}
+		return err
+	}
+}
+func (h *readSignal) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// A Wait that read a count ends when that count opens, even when the latch was set anew
+// before the Wait took the push (a paused process, or the push and the re-check timer ready
+// at once): the opening is of a count it read (found by review: it waited on the new count).
+// The opening and the new count are written back to back in one transaction, as latch_down
+// and a TrySetCount right after it would; the re-check runs every microsecond so the timer is
+// ready together with the push.
+func TestLatchWaitEndsOnTheOpeningOfACountItRead(t *testing.T) {
+	dlock.SetLatchRecheck(t, time.Microsecond)
+	ctx := ctxT(t)
+	_, raw := newClient(t)
+	for i := range 8 {
+		name := fmt.Sprintf("%s-%d", redistest.Name(t), i)
+		k := lockKey(name)
+		rdb := redistest.Client(t)
+		sig := &readSignal{key: k, reads: make(chan struct{}, 1)}
+		rdb.AddHook(sig)
+		c := dlock.New(rdb)
+		defer c.Close(context.Background())
+		d := c.Latch(name)
+		if _, err := d.TrySetCount(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- d.Wait(ctx) }()
+		<-sig.reads // the Wait has read the count (1) and its generation
+		f := raw.HMGet(ctx, k, "#g", "#v").Val()
+		g1, v := f[0].(string), f[1].(string)
+		if _, err := raw.TxPipelined(ctx, func(p redis.Pipeliner) error {
+			p.Del(ctx, k)
+			p.Publish(ctx, k+":released", "z "+g1)
+			p.HSet(ctx, k, "#k", "latch", "#v", v, "#n", 2, "#g", "another-count")
+			p.PExpire(ctx, k, time.Minute)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("trial %d: the Wait read the count that opened and went on waiting on the next one", i)
+		}
 	}
 }

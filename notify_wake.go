@@ -2,7 +2,6 @@ package dlock
 
 import (
 	"context"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -150,7 +149,7 @@ type subscription struct {
 	c         chan struct{}
 	confirmed bool      // false: the channel may not be subscribed, so the waiter must poll
 	grant     *grantMsg // the latest grant pushed to the waiter (n.mu); see takeGrant
-	opened    []string  // generations of a latch whose "z" came while subscribed (n.mu); see takeOpened
+	opened    []string  // generations of a latch whose "z" came while subscribed (n.mu); see openedAny
 }
 
 // latchOpened parses a latch's opening, "z <generation>" ("z" from a latch set without one):
@@ -163,19 +162,23 @@ func latchOpened(payload string) (gen string, ok bool) {
 	return gen, ok
 }
 
-// takeOpened reports whether the opening of the latch's count of generation gen (the one the
-// waiter read) was pushed to the waiter since the last call, and forgets the openings pushed.
-// An opening of another generation is one of an earlier count, published before the latch was
-// set again: the count the waiter read may still be above zero.
-func (s *subscription) takeOpened(gen string) bool {
-	if s.cs == nil {
+// openedAny reports whether the opening of a latch's count of one of the generations in seen
+// (those the waiter read above zero) was pushed to the waiter. Openings of other generations
+// are kept: the waiter's read of that count may be on its way still (the push can overtake
+// it), and an opening of a count it never reads is one from before it began, which tells
+// nothing of the count it reads.
+func (s *subscription) openedAny(seen map[string]bool) bool {
+	if s.cs == nil || len(seen) == 0 {
 		return false
 	}
 	s.n.mu.Lock()
 	defer s.n.mu.Unlock()
-	o := slices.Contains(s.opened, gen)
-	s.opened = s.opened[:0]
-	return o
+	for _, g := range s.opened {
+		if seen[g] {
+			return true
+		}
+	}
+	return false
 }
 
 // takeGrant returns, and forgets, the latest grant pushed to the waiter since the last call.

@@ -149,7 +149,7 @@ func check(ops []op, finals map[int]int64, ttl time.Duration, single bool, kills
 	}
 	var notice, noticeKill []int64
 	for _, lops := range byLock {
-		early, waits := earlyWaits(lops)
+		early, waits := earlyWaits(lops, ttl)
 		v.LatchEarly += early
 		v.LatchWaits += waits
 		n, nk := checkLock(lops, ttl, single, kills, &v)

@@ -78,10 +78,10 @@ func permitOverlaps(windows []window) int {
 // zero: after a TrySetCount that reported true (S) had returned before the Wait was called,
 // fewer CountDowns than S's count could have been applied before the Wait returned (those
 // that did not fail and overlap [S's call, the Wait's return], one whose reply was lost from
-// its call on), and no other TrySetCount
+// its call until 2 x TTL after it), and no other TrySetCount
 // could have started a new count in between (one that did would mean the count had reached
 // zero). It returns the Waits that returned ok as well.
-func earlyWaits(ops []op) (early, waits int) {
+func earlyWaits(ops []op, ttl time.Duration) (early, waits int) {
 	var sets, downs []op
 	for _, o := range ops {
 		switch {
@@ -89,7 +89,10 @@ func earlyWaits(ops []op) (early, waits int) {
 			sets = append(sets, o)
 		case o.Kind == "down" && o.Result != "fail":
 			if o.Result == "unknown" {
-				o.Return = 1<<62 - 1 // its reply was lost: Redis may run it any time after its call
+				// Its reply was lost: Redis may run it after the caller gave up, but no later
+				// than the faults here allow (a Redis paused 1.5 x TTL runs what it was sent
+				// once resumed; a killed one never runs it).
+				o.Return = max(o.Return, o.Call+int64(2*ttl))
 			}
 			downs = append(downs, o)
 		}

@@ -64,11 +64,12 @@ func TestLatchEarlyWaits(t *testing.T) {
 		{"a new count set while it waited means it reached zero", []op{at("set", 0, 1, "ok", 2), at("wait", 2, 6, "ok", 0), at("set", 3, 4, "ok", 1)}, 0},
 		{"the count set last before the Wait is the one that counts", []op{at("set", 0, 1, "ok", 2), at("down", 1, 2, "ok", 0), at("down", 2, 3, "ok", 0), at("set", 3, 4, "ok", 1), at("wait", 5, 6, "ok", 0)}, 1},
 		{"a count-down with a lost reply may apply after it gave up", []op{at("down", 0, 5, "unknown", 0), at("set", 10, 11, "ok", 1), at("wait", 13, 14, "ok", 0)}, 0},
+		{"but not for ever", []op{at("down", 0, 5, "unknown", 0), at("set", 300, 301, "ok", 1), at("wait", 303, 304, "ok", 0)}, 1},
 		{"a Wait that timed out counts for nothing", []op{at("set", 0, 1, "ok", 2), at("wait", 3, 600, "unknown", 0)}, 0},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			if got, _ := earlyWaits(c.ops); got != c.want {
+			if got, _ := earlyWaits(c.ops, 100*time.Millisecond); got != c.want {
 				t.Fatalf("earlyWaits = %d, want %d", got, c.want)
 			}
 		})

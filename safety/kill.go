@@ -49,7 +49,7 @@ func (e *env) killHolder(rng *rand.Rand) bool {
 			e.mu.Lock()
 			e.nemOps = append(e.nemOps, a)
 			if sh.Release > 0 { // sent, outcome unknown: the lease may have ended there
-				e.nemOps = append(e.nemOps, op{Client: id, Lock: a.Lock, Kind: "release", Call: sh.Release, Return: at,
+				e.nemOps = append(e.nemOps, op{Client: id, G: a.G, Lock: a.Lock, Kind: "release", Call: sh.Release, Return: at,
 					Token: a.Token, Acq: a.Call, Result: "unknown"})
 			}
 			e.mu.Unlock()

@@ -92,6 +92,7 @@ type semHeld struct {
 func (w *worker) leave(sh semHeld) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
+	sh.Acq.G = w.g // as rec stamps it, so the merge knows the lease for recorded
 	b, _ := json.Marshal(sh)
 	if err := w.res.Set(ctx, semHeldKey(w.spec.ID), b, 0).Err(); err != nil {
 		fmt.Fprintln(os.Stderr, "safety client: note the held permits:", err)
