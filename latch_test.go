@@ -99,14 +99,7 @@ func TestLatchWaitersWokenByTheLastCountDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range waiters {
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Fatal(err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatal("a waiter was not woken by the last CountDown")
-		}
+		waitReturned(t, done, "a waiter was not woken by the last CountDown")
 	}
 	t.Logf("%d waiters in 2 Clients woken %v after the last CountDown", waiters, time.Since(start).Round(time.Microsecond))
 }
@@ -292,14 +285,7 @@ func TestLatchForceReleasedOpens(t *testing.T) {
 	if _, err := c.ForceRelease(ctx, name); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("a force-released latch's waiter was not woken")
-	}
+	waitReturned(t, done, "a force-released latch's waiter was not woken")
 }
 
 // A late first send of a TrySetCount (go-redis resent it; the resend set the latch, which
@@ -411,13 +397,20 @@ func TestLatchStaleOpeningDoesNotEndWait(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	waitReturned(t, done, "the opening of the count the Wait read did not wake it")
+}
+
+// waitReturned fails the test unless the Wait whose result comes on done returns nil within
+// 10 s; what says which wake-up was expected.
+func waitReturned(t *testing.T, done <-chan error, what string) {
+	t.Helper()
 	select {
 	case err := <-done:
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("%s: %v", what, err)
 		}
 	case <-time.After(10 * time.Second):
-		t.Fatal("the opening of the count the Wait read did not wake it")
+		t.Fatalf("%s: the Wait did not return", what)
 	}
 }
 
@@ -480,13 +473,6 @@ func TestLatchWaitEndsOnTheOpeningOfACountItRead(t *testing.T) {
 		}); err != nil {
 			t.Fatal(err)
 		}
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Fatal(err)
-			}
-		case <-time.After(5 * time.Second):
-			t.Fatalf("trial %d: the Wait read the count that opened and went on waiting on the next one", i)
-		}
+		waitReturned(t, done, fmt.Sprintf("trial %d: the opening of the count the Wait read", i))
 	}
 }

@@ -548,14 +548,7 @@ func TestSemaphoreAndLatchOnACluster(t *testing.T) {
 		if err := a.Latch(latch).CountDown(ctx); err != nil {
 			t.Fatal(err)
 		}
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Fatal(err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatalf("master %d: the latch's waiter was not woken by push", i)
-		}
+		waitReturned(t, done, fmt.Sprintf("master %d: the latch's waiter was not woken by push", i))
 	}
 }
 
