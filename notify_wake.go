@@ -165,8 +165,8 @@ func latchOpened(payload string) (gen string, ok bool) {
 // openedAny reports whether the opening of a latch's count of one of the generations in seen
 // (those the waiter read above zero) was pushed to the waiter. Openings of other generations
 // are kept: the waiter's read of that count may be on its way still (the push can overtake
-// it), and an opening of a count it never reads is one from before it began, which tells
-// nothing of the count it reads.
+// it); an opening of a count it never reads (one from before it began, or one it could not
+// read while Redis gave no answer) tells nothing of the count it reads, and is ignored.
 func (s *subscription) openedAny(seen map[string]bool) bool {
 	if s.cs == nil || len(seen) == 0 {
 		return false

@@ -1,5 +1,5 @@
 -- latch_down: count a latch down by one; at zero it is deleted and its waiters are told ("z
--- <generation>": a waiter trusts only the opening of the count it read, not a message of an
+-- <generation>": a waiter trusts only the opening of a count it read, not a message of an
 -- earlier one still on its way).
 --
 -- KEYS[1] latch hash (see latch_set.lua)
