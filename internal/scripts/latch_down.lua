@@ -15,22 +15,11 @@
 -- Returns the count after the call: -1 when there was no latch (never set, already at zero,
 -- or expired: nothing changed, as counting below zero does nothing). A key of another kind is
 -- refused as in latch_set.lua.
-local f = lock_fields(KEYS[1], '#k', '#v', '#n', '#g')
+local f, refused = latch_fields(KEYS[1], '#n', '#g')
 if not f then
-  return kind_error(KEYS[1], 'latch', 'value of another type')
+  return refused
 end
-local open = not f[1] and not f[2]
-if open and redis.call('EXISTS', KEYS[1]) == 1 then
-  return kind_error(KEYS[1], 'latch', 'value of another type')
-end
-if not open then
-  if f[2] ~= LAYOUT then
-    return layout_error(KEYS[1])
-  end
-  if f[1] ~= 'latch' then
-    return kind_error(KEYS[1], 'latch', f[1])
-  end
-end
+local open = not f[1]
 if redis.call('HSETNX', KEYS[2], 'ld:' .. ARGV[4], 1) == 0 then
   return open and -1 or tonumber(f[3]) -- this call was applied already (its reply was lost)
 end

@@ -17,21 +17,12 @@
 if redis.call('HEXISTS', KEYS[2], 'ls:' .. ARGV[3]) == 1 then
   return 1
 end
-local f = lock_fields(KEYS[1], '#k', '#v')
+local f, refused = latch_fields(KEYS[1])
 if not f then
-  return kind_error(KEYS[1], 'latch', 'value of another type')
+  return refused
 end
-if f[1] or f[2] then
-  if f[2] ~= LAYOUT then
-    return layout_error(KEYS[1])
-  end
-  if f[1] ~= 'latch' then
-    return kind_error(KEYS[1], 'latch', f[1])
-  end
+if f[1] then
   return 0
-end
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  return kind_error(KEYS[1], 'latch', 'value of another type')
 end
 redis.call('HSET', KEYS[2], 'ls:' .. ARGV[3], 1)
 redis.call('PEXPIRE', KEYS[2], ARGV[4])

@@ -460,6 +460,29 @@ local function lock_fields(k_lock, ...)
   return f, true
 end
 
+-- latch_fields reads a latch's "#k", "#v" and then the fields asked; it returns them (all nil
+-- for an open latch: no key), or nil and the error reply for a key that is no latch of this
+-- layout (a lock, a semaphore, another type, another dlock version), which is left as it is.
+local function latch_fields(k_latch, ...)
+  local f = lock_fields(k_latch, '#k', '#v', ...)
+  if not f then
+    return nil, kind_error(k_latch, 'latch', 'value of another type')
+  end
+  if not f[1] and not f[2] then
+    if redis.call('EXISTS', k_latch) == 1 then
+      return nil, kind_error(k_latch, 'latch', 'value of another type')
+    end
+    return f
+  end
+  if f[2] ~= LAYOUT then
+    return nil, layout_error(k_latch)
+  end
+  if f[1] ~= 'latch' then
+    return nil, kind_error(k_latch, 'latch', f[1])
+  end
+  return f
+end
+
 -- drop_hold takes the hold mark of owner out of the lock, if there: a hold a waiter took, or
 -- was granted, under a hold id it gave up (the attempt got no usable reply) and never used.
 -- It returns nil when the lock has no such hold, 1 when the lock is still held (the owner's
