@@ -14,9 +14,6 @@ const (
 	// cohortBlock is how many tokens a hold reserves (see lib.lua) and so the most local
 	// hand-offs one Redis hold can serve.
 	cohortBlock = 64
-	// cohortBatchTime bounds how long a Client keeps a contended lock for its own goroutines
-	// before passing it to the next process in the Redis queue.
-	cohortBatchTime = 5 * time.Millisecond
 	// cohortLinger is how long a Client keeps a lock it had to wait for after its last local
 	// holder left, in case a goroutine locks again at once (a loop): it then gets the lock
 	// without a round trip, within the same batch bounds. An uncontended hold is released at
@@ -28,32 +25,61 @@ const (
 	cohortLingerBatch = 2 * time.Millisecond
 )
 
+// cohortBatchTime bounds how long a Client keeps a contended lock for its own goroutines
+// before passing it to the next process in the Redis queue (a variable for tests that must
+// see a hand-off whatever the machine's speed).
+var cohortBatchTime = 5 * time.Millisecond
+
 // A cohort is a Client's local queue for one lock (lock cohorting): the Client takes the Redis
-// lock once, under its own owner id, and hands it from goroutine to goroutine in this process
-// without a Redis round trip, up to a bounded batch (cohortBlock hand-offs, cohortBatchTime),
-// then releases it to the next process in the Redis FIFO. Each local holder gets its own
-// Lease with a token from the hold's block, so tokens still rise across every holder.
+// lock, and hands each hold from goroutine to goroutine in this process without a Redis round
+// trip, up to a bounded batch per hold (cohortBlock hand-offs, cohortBatchTime), then releases
+// it to the next process in the Redis FIFO.
+//
+// A Mutex's cohort has one hold at a time, under the Client's owner id, and gives each local
+// holder a Lease with a token of its own from the hold's block, so tokens still rise across
+// every holder. A Semaphore's cohort (permits) serves the Acquires of one size: it may have as
+// many holds at once as the semaphore has room for, each a holder of its own in Redis (an owner
+// id of its own, as every semaphore holder), and each passed from local holder to local holder
+// under the token of the semaphore's busy period, which every holder admitted while it stays
+// held shares.
 type cohort struct {
 	c    *Client
-	key  string   // in the Client's table: lock key + settings (cohortVariant)
+	key  string   // in the Client's table: lock key + settings (cohortVariant) [+ size]
 	spec holdSpec // owner: the Client's id (+ settings, + epoch); cfg: the handles' settings
-	base string   // the owner id without epoch
+	base string   // the owner id without epoch or hold id
+	// permits: a Semaphore's cohort (see above); maxSlots: how many holds it may have at once
+	// (1 for a Mutex)
+	permits  bool
+	maxSlots int
 
-	mu      sync.Mutex
-	dead    bool // removed from the Client's table; callers must look up afresh
-	h       *hold
-	next    uint64    // next token of h's block to hand out
-	since   time.Time // when h was taken
-	cur     *holding  // the local holder's holding, nil if none
-	queue   []*cohortWaiter
-	busy    bool               // a goroutine is taking or releasing the Redis hold
-	stopAcq context.CancelFunc // ends the acquirer's Redis wait when the queue empties
-	waited  bool               // h was obtained by waiting: other processes want this lock
-	linger  *time.Timer        // releases a lingering h (see cohortLinger)
+	mu        sync.Mutex
+	dead      bool // removed from the Client's table; callers must look up afresh
+	slots     []*cohortSlot
+	queue     []*cohortWaiter
+	tries     int                // callers trying Redis at once, from their own goroutine
+	acquiring bool               // the acquirer waits in Redis for the local queue
+	stopAcq   context.CancelFunc // ends the acquirer's Redis wait when the queue empties
 }
 
+// A cohortSlot is one Redis hold of a cohort and its local holder. It stays among the
+// cohort's slots until its release has an answer or its end has been told, so a Mutex's
+// cohort never takes the lock again while its last hold is on its way out.
+type cohortSlot struct {
+	co     *cohort
+	h      *hold
+	next   uint64      // next token of h's block to hand out (a Mutex's)
+	since  time.Time   // when h was taken
+	cur    *holding    // the local holder's holding, nil if none
+	waited bool        // h was obtained by waiting: other processes want this lock
+	linger *time.Timer // releases a lingering h (see cohortLinger)
+	out    bool        // detached for release, or ended: handed to nobody any more
+}
+
+// unlock makes a slot the sharer of the holdings it serves.
+func (s *cohortSlot) unlock(ctx context.Context, l *Lease) error { return s.co.unlock(ctx, s, l) }
+
 type cohortWaiter struct {
-	m     *Mutex
+	ref   lockRef
 	ctx   context.Context  // the waiter's: a waiter whose ctx is done is not granted the lock
 	ready chan grantResult // buffered 1
 }
@@ -63,19 +89,24 @@ type grantResult struct {
 	err error
 }
 
-// cohortFor returns the Client's cohort for m's lock and settings, creating it on first use.
-func (c *Client) cohortFor(m *Mutex) *cohort {
+// cohortFor returns the Client's cohort called key, made by mk on first use.
+func (c *Client) cohortFor(key string, mk func() *cohort) *cohort {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	co := c.cohorts[m.cohort]
+	co := c.cohorts[key]
 	if co == nil {
-		k := lockKeys(m.cfg.keyPrefix(), m.name)
-		base := c.id + m.cohort[len(m.keys.lock):]
-		co = &cohort{c: c, key: m.cohort, base: base, spec: holdSpec{name: m.name, keys: k, cfg: m.cfg,
-			owner: epochOwner(base, c.cohortEpoch.Load()), reentrant: false}}
-		c.cohorts[m.cohort] = co
+		co = mk()
+		c.cohorts[key] = co
 	}
 	return co
+}
+
+// mutexCohort makes the cohort of m's lock and settings.
+func (c *Client) mutexCohort(m *Mutex) *cohort {
+	k := lockKeys(m.cfg.keyPrefix(), m.name)
+	base := c.id + m.cohort[len(m.keys.lock):]
+	return &cohort{c: c, key: m.cohort, base: base, maxSlots: 1, spec: holdSpec{name: m.name, keys: k,
+		cfg: m.cfg, owner: epochOwner(base, c.cohortEpoch.Load()), reentrant: false}}
 }
 
 // cohortVariant names the settings a cohort's hold is taken with (TTL, lease mode, drift),
@@ -95,29 +126,31 @@ func cohortVariant(cfg config) string {
 	return v
 }
 
-// cohortLock takes the lock for handle m: at once if m already holds it (re-entry) or the Client
-// holds it with nobody waiting locally; otherwise through the local queue, which the Client
-// serves by taking the Redis lock. Without wait it makes one attempt.
+// cohortLock takes a lock through the Client's cohort called key (made by mk on first use)
+// for ref: at once when the cohort has a hold with nobody waiting locally; otherwise through
+// the local queue, which the Client serves by taking holds in Redis. Without wait it makes
+// one attempt.
 //
 // The waiting itself happens in await, a small frame: a goroutine waiting here keeps the
 // smallest stack, which with thousands of waiters is most of their memory.
-func (c *Client) cohortLock(ctx context.Context, m *Mutex, wait bool) (*Lease, error) {
+func (c *Client) cohortLock(ctx context.Context, key string, mk func() *cohort, ref lockRef, wait bool) (*Lease, error) {
 	for {
-		co := c.cohortFor(m)
-		l, w, err, retry := co.lock(ctx, m, wait)
+		co := c.cohortFor(key, mk)
+		l, w, err, retry := co.lock(ctx, ref, wait)
 		switch {
 		case retry:
 			continue
 		case w != nil:
-			return co.await(ctx, m, w)
+			return co.await(ctx, w)
 		}
 		return l, err
 	}
 }
 
-// lock does everything that needs no waiting: re-entry, a local hand-off, an attempt in Redis
-// when the cohort is idle. When the caller must wait it queues it and returns its waiter.
-func (co *cohort) lock(ctx context.Context, m *Mutex, wait bool) (l *Lease, w *cohortWaiter, err error, retry bool) {
+// lock does everything that needs no waiting: a local hand-off, an attempt in Redis when the
+// cohort may take one more hold and nobody waits locally. When the caller must wait it
+// queues it and returns its waiter.
+func (co *cohort) lock(ctx context.Context, ref lockRef, wait bool) (l *Lease, w *cohortWaiter, err error, retry bool) {
 	co.mu.Lock()
 	if co.dead {
 		co.mu.Unlock()
@@ -125,41 +158,49 @@ func (co *cohort) lock(ctx context.Context, m *Mutex, wait bool) (l *Lease, w *c
 	}
 	if err := co.c.checkOpen(); err != nil {
 		co.mu.Unlock()
-		return nil, nil, fmt.Errorf("%w: lock %q", err, m.name), false
+		return nil, nil, fmt.Errorf("%w: lock %q", err, ref.name), false
 	}
-	if co.cur == nil && len(co.queue) == 0 && co.canHandOffLocked() {
-		co.stopLingerLocked()
-		l := co.grantLocked(ctx, m)
-		co.mu.Unlock()
-		return l, nil, nil, false
+	for _, s := range co.slots {
+		switch {
+		case s.cur != nil || s.out:
+		case len(co.queue) == 0 && co.canHandOffLocked(s):
+			s.stopLingerLocked()
+			l := co.grantLocked(ctx, s, ref)
+			co.mu.Unlock()
+			return l, nil, nil, false
+		default:
+			// Lingering past the batch bounds: give it back now; this caller queues for the
+			// next.
+			s.stopLingerLocked()
+			co.releaseLaterLocked(s)
+		}
 	}
-	if co.cur == nil && co.h != nil && !co.busy {
-		// Lingering past the batch bounds: give it back now; this caller queues for the next.
-		co.stopLingerLocked()
-		co.releaseLaterLocked()
-	}
-	if co.h == nil && !co.busy && len(co.queue) == 0 {
-		// Idle: try Redis from this goroutine, saving a hand-off in the uncontended case.
-		co.busy = true
-		spec := co.spec
+	if co.mayTakeLocked() && len(co.queue) == 0 {
+		// Nobody waits here: try Redis from this goroutine, saving a hand-off in the
+		// uncontended case.
+		co.tries++
+		spec := co.holdSpecLocked()
 		co.mu.Unlock()
 		h, _, err := co.c.tryHold(ctx, spec, false)
 		co.mu.Lock()
-		co.busy = false
+		co.tries--
 		if unknownOutcome(err) {
 			co.renewOwnerLocked()
 		}
-		if h != nil && co.installLocked(h, false) {
-			l := co.grantLocked(ctx, m)
-			co.mu.Unlock()
-			return l, nil, nil, false
+		if h != nil {
+			if s := co.installLocked(h, false); s != nil {
+				l := co.grantLocked(ctx, s, ref)
+				co.kickLocked() // serve waiters that queued meanwhile, if there is room
+				co.mu.Unlock()
+				return l, nil, nil, false
+			}
 		}
 		// Taken, Redis unavailable (the acquirer retries it), or lost the moment it was
 		// taken: Lock queues; anything else, TryLock, or a done ctx returns.
 		retry := h != nil || errors.Is(err, ErrNotObtained) || errors.Is(err, ErrUnavailable)
 		if !wait || ctx.Err() != nil || !retry {
 			if err == nil {
-				err = notObtained(m.name, errLostAtOnce)
+				err = notObtained(ref.name, errLostAtOnce)
 			}
 			co.kickLocked() // serve waiters that queued meanwhile
 			co.retireIfIdleLocked()
@@ -168,30 +209,47 @@ func (co *cohort) lock(ctx context.Context, m *Mutex, wait bool) (l *Lease, w *c
 		}
 	} else if !wait {
 		co.mu.Unlock()
-		return nil, nil, notObtained(m.name), false
+		return nil, nil, notObtained(ref.name), false
 	}
-	w = &cohortWaiter{m: m, ctx: ctx, ready: make(chan grantResult, 1)}
+	w = &cohortWaiter{ref: ref, ctx: ctx, ready: make(chan grantResult, 1)}
 	co.queue = append(co.queue, w)
 	co.kickLocked()
 	co.mu.Unlock()
 	return nil, w, nil, false
 }
 
+// mayTakeLocked reports whether the cohort may take one more hold in Redis: it has fewer than
+// maxSlots (those on their way out count, and the attempts in flight) and its acquirer does
+// not wait in Redis already.
+func (co *cohort) mayTakeLocked() bool {
+	return !co.acquiring && len(co.slots)+co.tries < co.maxSlots
+}
+
+// holdSpecLocked is what the cohort's next Redis attempt takes: a Mutex's cohort its owner
+// id; a Semaphore's an owner id of its own for each hold.
+func (co *cohort) holdSpecLocked() holdSpec {
+	s := co.spec
+	if co.permits {
+		s.owner = co.base + "." + co.c.nextHoldID()
+	}
+	return s
+}
+
 // await waits for w to be served, for ctx to end or for the Client to close.
-func (co *cohort) await(ctx context.Context, m *Mutex, w *cohortWaiter) (*Lease, error) {
+func (co *cohort) await(ctx context.Context, w *cohortWaiter) (*Lease, error) {
 	select {
 	case r := <-w.ready:
 		return r.l, r.err
 	case <-ctx.Done():
-		return co.giveUp(ctx, m, w, notObtained(m.name, ctx.Err()))
+		return co.giveUp(ctx, w, notObtained(w.ref.name, ctx.Err()))
 	case <-co.c.bg.Done():
-		return co.giveUp(ctx, m, w, fmt.Errorf("%w: lock %q", ErrClosed, m.name))
+		return co.giveUp(ctx, w, fmt.Errorf("%w: lock %q", ErrClosed, w.ref.name))
 	}
 }
 
 // giveUp takes a waiter that stops waiting out of the queue, passing on a lock granted
 // meanwhile, and returns err.
-func (co *cohort) giveUp(ctx context.Context, m *Mutex, w *cohortWaiter, err error) (*Lease, error) {
+func (co *cohort) giveUp(ctx context.Context, w *cohortWaiter, err error) (*Lease, error) {
 	co.mu.Lock()
 	if i := slices.Index(co.queue, w); i >= 0 {
 		co.queue = slices.Delete(co.queue, i, i+1)
@@ -208,59 +266,69 @@ func (co *cohort) giveUp(ctx context.Context, m *Mutex, w *cohortWaiter, err err
 	return nil, err
 }
 
-// canHandOffLocked reports whether the Client's hold may serve one more local holder.
-func (co *cohort) canHandOffLocked() bool {
-	return co.h != nil && !co.busy && co.next < co.h.token+cohortBlock &&
-		co.c.since(co.since) < cohortBatchTime && co.h.valid()
+// canHandOffLocked reports whether slot s's hold may serve one more local holder.
+func (co *cohort) canHandOffLocked(s *cohortSlot) bool {
+	return !s.out && s.next < s.h.token+cohortBlock && co.c.since(s.since) < cohortBatchTime && s.h.valid()
 }
 
-// installLocked makes h the Client's hold for this lock. It reports false if h was lost
-// before it could be installed.
-func (co *cohort) installLocked(h *hold, waited bool) bool {
-	if ended, _ := h.setOnEnd(func(err error) { co.holdEnded(h, err) }); ended {
-		return false
+// installLocked makes h a hold of the cohort, in a slot of its own. It returns nil if h was
+// lost before it could be installed.
+func (co *cohort) installLocked(h *hold, waited bool) *cohortSlot {
+	s := &cohortSlot{co: co, h: h, next: h.token, since: co.c.now(), waited: waited}
+	if ended, _ := h.setOnEnd(func(err error) { co.holdEnded(s, err) }); ended {
+		return nil
 	}
-	co.h, co.next, co.since, co.waited = h, h.token, co.c.now(), waited
-	return true
+	co.slots = append(co.slots, s)
+	return s
 }
 
-// grantLocked makes m, locking with ctx, the local holder with the next token of the block.
-func (co *cohort) grantLocked(ctx context.Context, m *Mutex) *Lease {
-	co.cur = newHolding(co.h, co, co.next)
-	co.next++
-	return co.cur.first(ctx, m.ref())
+// grantLocked makes the caller of ref, locking with ctx, the local holder of slot s: a Mutex's
+// with the next token of the block, a Semaphore's with the hold's.
+func (co *cohort) grantLocked(ctx context.Context, s *cohortSlot, ref lockRef) *Lease {
+	token := s.next
+	if co.permits {
+		token = s.h.token
+	}
+	s.next++
+	s.cur = newHolding(s.h, s, token)
+	return s.cur.first(ctx, ref)
 }
 
-// kickLocked starts a goroutine taking the Redis lock for the local queue, if one is needed.
+// kickLocked starts a goroutine taking a Redis hold for the local queue, if one is needed
+// and the cohort may take one.
 func (co *cohort) kickLocked() {
-	if co.h != nil || co.busy || len(co.queue) == 0 || co.c.checkOpen() != nil {
+	if !co.mayTakeLocked() || len(co.queue) == 0 || co.c.checkOpen() != nil {
 		return
 	}
 	if !co.c.goBackground() {
 		return
 	}
-	co.busy = true
+	co.acquiring = true
 	ctx, cancel := context.WithCancel(co.c.bg)
 	co.stopAcq = cancel
 	go co.acquire(ctx, cancel)
 }
 
-// acquire waits in the Redis queue on behalf of the local waiters and gives the lock to the
-// first of them.
+// acquire waits in the Redis queue on behalf of the local waiters and gives the hold it gets
+// to the first of them.
 func (co *cohort) acquire(ctx context.Context, cancel context.CancelFunc) {
 	defer co.c.wg.Done()
 	defer cancel()
 	// The acquirer serves goroutines that found the lock taken, often right after this Client
 	// let it go at the end of a batch: it must queue behind the other processes, not barge.
 	co.mu.Lock()
-	s := co.spec
+	s := co.holdSpecLocked()
 	co.mu.Unlock()
 	s.noBarge = true
 	h, err := co.c.waitHold(ctx, s, true)
 	co.mu.Lock()
-	co.busy, co.stopAcq = false, nil
+	co.acquiring, co.stopAcq = false, nil
 	if h == nil && unknownOutcome(err) {
 		co.renewOwnerLocked() // its last attempt may still be on its way
+	}
+	var slot *cohortSlot
+	if h != nil {
+		slot = co.installLocked(h, true)
 	}
 	switch {
 	case h == nil && ctx.Err() != nil && co.c.checkOpen() == nil:
@@ -270,15 +338,16 @@ func (co *cohort) acquire(ctx context.Context, cancel context.CancelFunc) {
 			w.ready <- grantResult{err: err}
 		}
 		co.queue = nil
-	case !co.installLocked(h, true):
+	case slot == nil:
 		co.kickLocked() // lost at once: try again for the waiters
-	case co.grantHeadLocked():
+	case co.grantHeadLocked(slot):
+		co.kickLocked() // more waiters, and room for another hold (a Semaphore's)
 	default:
-		h := co.detachLocked() // everyone left meanwhile
+		h := co.detachLocked(slot) // everyone left meanwhile
 		co.mu.Unlock()
 		rctx, rcancel := context.WithTimeout(co.c.cleanup, abandonTimeout)
 		defer rcancel()
-		_ = co.releaseDetached(rctx, h, nil)
+		_ = co.releaseDetached(rctx, slot, h, nil)
 		return
 	}
 	co.retireIfIdleLocked()
@@ -291,9 +360,12 @@ func (co *cohort) acquire(ctx context.Context, cancel context.CancelFunc) {
 // same owner it would take that hold for a stale one of the cohort's (see acquire.lua) and
 // drop it; under another owner it meets a foreign hold, and what it takes itself is undone
 // (abandon, or the wait's leaving). The epoch is the Client's, so a cohort that retires and
-// comes back does not return to the old owner id.
+// comes back does not return to the old owner id. A Semaphore's cohort needs none: each of its
+// attempts has an owner id of its own.
 func (co *cohort) renewOwnerLocked() {
-	co.spec.owner = epochOwner(co.base, co.c.cohortEpoch.Add(1))
+	if !co.permits {
+		co.spec.owner = epochOwner(co.base, co.c.cohortEpoch.Add(1))
+	}
 }
 
 // unknownOutcome reports an error of a Redis call that may yet run, or have run: a transport
@@ -310,70 +382,70 @@ func epochOwner(base string, e uint64) string {
 	return base + "~" + strconv.FormatUint(e, 36)
 }
 
-// grantHeadLocked makes the first waiter whose ctx is not done the local holder; waiters that
-// gave up are told so on the way. It reports whether anyone was granted.
-func (co *cohort) grantHeadLocked() bool {
+// grantHeadLocked makes the first waiter whose ctx is not done the local holder of slot s;
+// waiters that gave up are told so on the way. It reports whether anyone was granted.
+func (co *cohort) grantHeadLocked(s *cohortSlot) bool {
 	for len(co.queue) > 0 {
 		w := co.queue[0]
 		co.queue = co.queue[1:]
 		if err := w.ctx.Err(); err != nil {
-			w.ready <- grantResult{err: notObtained(w.m.name, err)}
+			w.ready <- grantResult{err: notObtained(w.ref.name, err)}
 			continue
 		}
-		w.ready <- grantResult{l: co.grantLocked(w.ctx, w.m)}
+		w.ready <- grantResult{l: co.grantLocked(w.ctx, s, w.ref)}
 		return true
 	}
 	return false
 }
 
-// unlock lets go of the local holding of l, its last lease (already taken out of it): the
-// lock goes to the next local waiter while the batch allows, else back to Redis.
-func (co *cohort) unlock(ctx context.Context, l *Lease) error {
+// unlock lets go of the local holding of l in slot s, its last lease (already taken out of
+// it): the hold goes to the next local waiter while the batch allows, else back to Redis.
+func (co *cohort) unlock(ctx context.Context, s *cohortSlot, l *Lease) error {
 	co.mu.Lock()
-	if co.cur != l.hd { // the hold was lost and the holding ended meanwhile
+	if s.cur != l.hd { // the hold was lost and the holding ended meanwhile
 		co.mu.Unlock()
 		l.finish(l.hd.h.lossErr(), true)
 		return l.heldErr()
 	}
-	co.cur = nil
-	if co.canHandOffLocked() && co.grantHeadLocked() {
+	s.cur = nil
+	if co.canHandOffLocked(s) && co.grantHeadLocked(s) {
 		co.mu.Unlock()
 		l.finish(nil, true)
 		return nil
 	}
-	if len(co.queue) == 0 && co.waited && co.canHandOffLocked() && co.c.since(co.since) < cohortLingerBatch {
-		wait := min(cohortLinger, cohortLingerBatch-co.c.since(co.since))
-		co.linger = time.AfterFunc(wait, co.lingerOver)
+	if len(co.queue) == 0 && s.waited && co.canHandOffLocked(s) && co.c.since(s.since) < cohortLingerBatch {
+		wait := min(cohortLinger, cohortLingerBatch-co.c.since(s.since))
+		s.linger = time.AfterFunc(wait, s.lingerOver)
 		co.mu.Unlock()
 		l.finish(nil, true)
 		return nil
 	}
-	h := co.detachLocked()
+	h := co.detachLocked(s)
 	co.mu.Unlock()
-	return co.releaseDetached(ctx, h, l)
+	return co.releaseDetached(ctx, s, h, l)
 }
 
 // lingerOver releases a lingering hold nobody took up.
-func (co *cohort) lingerOver() {
+func (s *cohortSlot) lingerOver() {
+	co := s.co
 	co.mu.Lock()
 	defer co.mu.Unlock()
-	if co.linger != nil && co.cur == nil && co.h != nil && !co.busy {
-		co.linger = nil
-		co.releaseLaterLocked()
+	if s.linger != nil && s.cur == nil && !s.out {
+		s.linger = nil
+		co.releaseLaterLocked(s)
 	}
 }
 
-func (co *cohort) stopLingerLocked() {
-	if co.linger != nil {
-		co.linger.Stop()
-		co.linger = nil
+func (s *cohortSlot) stopLingerLocked() {
+	if s.linger != nil {
+		s.linger.Stop()
+		s.linger = nil
 	}
 }
 
-// releaseLaterLocked detaches the Client's hold now and releases it from a background
-// goroutine.
-func (co *cohort) releaseLaterLocked() {
-	h := co.detachLocked()
+// releaseLaterLocked detaches slot s's hold now and releases it from a background goroutine.
+func (co *cohort) releaseLaterLocked(s *cohortSlot) {
+	h := co.detachLocked(s)
 	if !co.c.goBackground() {
 		return // closing: Close releases every hold
 	}
@@ -381,34 +453,29 @@ func (co *cohort) releaseLaterLocked() {
 		defer co.c.wg.Done()
 		ctx, cancel := context.WithTimeout(co.c.cleanup, abandonTimeout)
 		defer cancel()
-		_ = co.releaseDetached(ctx, h, nil)
+		_ = co.releaseDetached(ctx, s, h, nil)
 	}()
 }
 
-// detachLocked takes the Client's hold out of the cohort for release, in the same critical
-// section that decided to release it, so no goroutine can be handed it in between. The caller
-// passes it to releaseDetached.
-func (co *cohort) detachLocked() *hold {
-	h := co.h
-	co.h, co.busy = nil, true
-	co.stopLingerLocked()
-	return h
+// detachLocked takes slot s's hold out of service for release, in the same critical section
+// that decided to release it, so no goroutine can be handed it in between. The caller passes
+// it to releaseDetached.
+func (co *cohort) detachLocked(s *cohortSlot) *hold {
+	s.out = true
+	s.stopLingerLocked()
+	return s.h
 }
 
 // releaseDetached gives a detached hold back to Redis (to the next process in the queue) and,
 // when local waiters remain, queues for the lock again. l, if not nil, is the lease whose
 // Unlock this is; it ends with the release's result.
-func (co *cohort) releaseDetached(ctx context.Context, h *hold, l *Lease) error {
+func (co *cohort) releaseDetached(ctx context.Context, s *cohortSlot, h *hold, l *Lease) error {
 	var err error
 	switch {
-	case h == nil || !h.beginRelease():
+	case !h.beginRelease():
 		// Lost or ended by Close while we got here: the lease ends with that.
 		if l != nil {
-			lost := fmt.Errorf("%w: lock %q", ErrClosed, l.ref.name)
-			if h != nil {
-				lost = h.lossErr()
-			}
-			l.finish(lost, true)
+			l.finish(h.lossErr(), true)
 			err = l.heldErr()
 		}
 	case l != nil:
@@ -421,31 +488,38 @@ func (co *cohort) releaseDetached(ctx context.Context, h *hold, l *Lease) error 
 		}
 	}
 	co.mu.Lock()
-	co.busy = false
+	co.removeLocked(s)
 	co.kickLocked()
 	co.retireIfIdleLocked()
 	co.mu.Unlock()
 	return err
 }
 
-// holdEnded runs when the Client's hold was lost or the Client closed: the local holder's
-// leases end with err, and the local queue waits for a new hold.
-func (co *cohort) holdEnded(h *hold, err error) {
-	co.mu.Lock()
-	if co.h != h {
-		co.mu.Unlock()
-		return
+// removeLocked takes slot s, whose hold has been released or ended, out of the cohort.
+func (co *cohort) removeLocked(s *cohortSlot) {
+	if i := slices.Index(co.slots, s); i >= 0 {
+		co.slots = slices.Delete(co.slots, i, i+1)
 	}
-	co.h, co.busy = nil, true // no new hold until the old leases are told
-	co.stopLingerLocked()
-	cur := co.cur
-	co.cur = nil
+}
+
+// holdEnded runs when slot s's hold was lost or the Client closed: the local holder's leases
+// end with err, and the local queue waits for a new hold.
+func (co *cohort) holdEnded(s *cohortSlot, err error) {
+	co.mu.Lock()
+	if s.out {
+		co.mu.Unlock()
+		return // being released: releaseDetached tells its lease
+	}
+	s.out = true // no new holder, nor a Mutex's new hold, until the old leases are told
+	s.stopLingerLocked()
+	cur := s.cur
+	s.cur = nil
 	co.mu.Unlock()
 	if cur != nil {
 		cur.end(err)
 	}
 	co.mu.Lock()
-	co.busy = false
+	co.removeLocked(s)
 	co.kickLocked()
 	co.retireIfIdleLocked()
 	co.mu.Unlock()
@@ -454,7 +528,7 @@ func (co *cohort) holdEnded(h *hold, err error) {
 // retireIfIdleLocked removes an idle cohort from the Client's table, so a process that locks
 // millions of names (one per user, say) keeps no state for them.
 func (co *cohort) retireIfIdleLocked() {
-	if co.h != nil || co.busy || co.cur != nil || len(co.queue) > 0 {
+	if len(co.slots) > 0 || co.acquiring || co.tries > 0 || len(co.queue) > 0 {
 		return
 	}
 	co.dead = true

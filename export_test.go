@@ -59,7 +59,19 @@ func CohortState(c *Client, name string) (hasHold, lingering bool) {
 	}
 	co.mu.Lock()
 	defer co.mu.Unlock()
-	return co.h != nil, co.linger != nil
+	for _, s := range co.slots {
+		hasHold = hasHold || !s.out
+		lingering = lingering || s.linger != nil
+	}
+	return hasHold, lingering
+}
+
+// SetCohortBatchTime sets how long a cohort's hold serves local holders, for a test, and
+// restores it at cleanup.
+func SetCohortBatchTime(t interface{ Cleanup(func()) }, d time.Duration) {
+	old := cohortBatchTime
+	cohortBatchTime = d
+	t.Cleanup(func() { cohortBatchTime = old })
 }
 
 // SetOpLogTTL shortens the op log window for a test and restores it at cleanup.

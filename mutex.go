@@ -90,11 +90,14 @@ func (m *Mutex) lock(ctx context.Context, wait bool) (*Lease, error) {
 	}
 	return m.c.lockWith(ctx, m.ref(), accessMutex, func() (*Lease, error) {
 		if m.cohort != "" {
-			return m.c.cohortLock(ctx, m, wait)
+			return m.c.cohortLock(ctx, m.cohort, m.newCohort, m.ref(), wait)
 		}
 		return m.plainLock(ctx, wait)
 	})
 }
+
+// newCohort makes the cohort of the handle's lock and settings.
+func (m *Mutex) newCohort() *cohort { return m.c.mutexCohort(m) }
 
 // plainLock takes the lock in Redis under an owner id of its own: the WithOwner id, or one
 // made for this call, so goroutines sharing the handle exclude each other.
