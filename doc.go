@@ -46,7 +46,9 @@
 // n of them under the same kind of lease: renewed, loss-detected, given back by Unlock or when
 // the lease ends (a holder that dies gives its permits back within its TTL, never later).
 // Waiters queue in one FIFO in Redis and are admitted first in line when their permits fit, so
-// a large request is not overtaken by small ones; a release pushes exactly those it admits. A
+// a large request is not overtaken by small ones; a release pushes exactly those it admits.
+// Goroutines of one Client taking the same number of permits hand them to each other in
+// bounded batches (cohorting, as for a Mutex). A
 // Latch (Client.Latch) is a count-down latch: TrySetCount starts it, CountDown takes one off,
 // Wait returns once it reaches zero (at once on a latch with no state), woken by push; an
 // abandoned latch expires after its TTL (DefaultLatchTTL).

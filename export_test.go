@@ -1,6 +1,9 @@
 package dlock
 
-import "time"
+import (
+	"strconv"
+	"time"
+)
 
 // Tracked exposes, to tests only, the moment a lease's key is tracked for push loss detection.
 func Tracked(l *Lease) <-chan struct{} { return l.hd.h.tracked }
@@ -41,6 +44,20 @@ func CohortWaiters(c *Client, name string) int {
 	co.mu.Lock()
 	defer co.mu.Unlock()
 	return len(co.queue)
+}
+
+// SemaphoreCohortWaiters tells tests how many goroutines of c wait locally for n permits of
+// the semaphore s (default settings), and whether the Client's acquirer waits in Redis.
+func SemaphoreCohortWaiters(c *Client, s *Semaphore, n int) (waiting int, acquiring bool) {
+	c.mu.Lock()
+	co := c.cohorts[s.cohort+":"+strconv.Itoa(n)]
+	c.mu.Unlock()
+	if co == nil {
+		return 0, false
+	}
+	co.mu.Lock()
+	defer co.mu.Unlock()
+	return len(co.queue), co.acquiring
 }
 
 // LayoutVersion is the key layout, for tests to check against lib.lua.

@@ -91,8 +91,9 @@ func WithDrift(f float64) Option { return func(c *config) { c.drift = &f } }
 // unless Lease.Extend is called, and then ends (Done closes, Err reports ErrLeaseLost).
 func WithFixedLease() Option { return func(c *config) { c.fixedLease = true } }
 
-// WithoutCohort turns cohorting off: every Lock of a handle waits in the lock's Redis queue on
-// its own instead of being handed the lock by the Client's other goroutines. Handles with
+// WithoutCohort turns cohorting off: every Lock (or a Semaphore's Acquire) of a handle waits in
+// the Redis queue on its own instead of being handed the lock (or the permits) by the
+// Client's other goroutines; an RWMutex's readers then share no read hold. Handles with
 // WithOwner never cohort, since their owner id must reach Redis.
 func WithoutCohort() Option { return func(c *config) { c.noCohort = true } }
 

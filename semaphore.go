@@ -25,8 +25,16 @@ import (
 // has waited under a few milliseconds only when the semaphore is free (barging, bounded).
 // Waiters are woken by push when a release admits them, and only those admitted.
 //
-// Each Acquire is a Redis hold of its own (an owner id of its own, made from the handle's, see
-// Owner): there is no re-entry, and Acquire given a held lease's context takes more permits.
+// Each lease is a Redis hold of its own (an owner id of its own): there is no re-entry, and
+// Acquire given a held lease's context takes more permits. By default the Acquires of one
+// Client that take the same number of permits form a cohort, as a Mutex's Locks do: the
+// Client takes a hold of n permits in Redis (under an owner id made from its own, one per
+// hold) and, when its holder gives it back while another goroutine of the Client waits for n
+// permits, hands the hold to that goroutine without a round trip, a bounded batch at a time
+// (at most 5 ms after the hold was taken; then it goes back to the Redis queue). The Client
+// has as many such holds at once as the semaphore lets it. A handle made WithOwner or
+// WithoutCohort takes every lease in Redis under an owner id made from the handle's (see
+// Owner).
 // The lease's fencing token is that of the semaphore's busy period: every lease admitted while
 // the semaphore stayed held shares it, and it is above every token of a lease that ended
 // before the semaphore was last free (as the readers of one read phase share theirs).
@@ -39,7 +47,8 @@ type Semaphore struct {
 	keys    keys
 	cfg     config
 	permits int
-	err     error // invalid name, count or option, reported by every call
+	cohort  string // the key of the Client's cohorts serving this handle, without the size ("" when not cohorting)
+	err     error  // invalid name, count or option, reported by every call
 
 	ids ownerIDs
 }
@@ -60,6 +69,9 @@ func (c *Client) Semaphore(name string, permits int, opts ...Option) *Semaphore 
 	}
 	s.err = join(c.err, validateName(name), perr, s.cfg.validate())
 	s.keys = lockKeys(s.cfg.keyPrefix(), name)
+	if !s.cfg.ownerSet && !s.cfg.noCohort {
+		s.cohort = s.keys.lock + cohortVariant(s.cfg) + "#s" + strconv.Itoa(permits)
+	}
 	return s
 }
 
@@ -70,8 +82,9 @@ func (s *Semaphore) Name() string { return s.name }
 func (s *Semaphore) Permits() int { return s.permits }
 
 // Owner returns the handle's owner id: the WithOwner id, or a random 128-bit one made on first
-// use. Each Acquire holds under an owner id of its own made from it (Lease.Owner), since two
-// acquisitions are never one hold.
+// use. A handle made WithOwner or WithoutCohort holds each lease under an owner id of its own
+// made from it (Lease.Owner), since two acquisitions are never one hold; a cohort's leases
+// have owner ids made from the Client's.
 func (s *Semaphore) Owner() string { return s.ids.handle() }
 
 // Acquire takes n permits (1 ≤ n ≤ Permits), waiting as long as ctx allows, behind every
@@ -98,10 +111,25 @@ func (s *Semaphore) acquire(ctx context.Context, n int, wait bool) (*Lease, erro
 	}
 	ref := lockRef{c: s.c, name: s.name} // no lock key: never re-entered
 	return s.c.lockWith(ctx, ref, accessPermits, func() (*Lease, error) {
-		spec := holdSpec{name: s.name, keys: s.keys, cfg: s.cfg, owner: s.ids.unique(s.c),
-			access: accessPermits, sem: semSpec{permits: s.permits, n: n}}
-		return s.c.plainLease(ctx, ref, spec, wait)
+		if s.cohort != "" {
+			key := s.cohort + ":" + strconv.Itoa(n)
+			return s.c.cohortLock(ctx, key, func() *cohort { return s.newCohort(key, n) }, ref, wait)
+		}
+		return s.c.plainLease(ctx, ref, s.holdSpec(s.ids.unique(s.c), n), wait)
 	})
+}
+
+// holdSpec is a hold of n permits under owner.
+func (s *Semaphore) holdSpec(owner string, n int) holdSpec {
+	return holdSpec{name: s.name, keys: s.keys, cfg: s.cfg, owner: owner, access: accessPermits,
+		sem: semSpec{permits: s.permits, n: n}}
+}
+
+// newCohort makes the Client's cohort called key, for the handle's Acquires of n permits: it
+// may have as many holds at once as the semaphore has room for.
+func (s *Semaphore) newCohort(key string, n int) *cohort {
+	return &cohort{c: s.c, key: key, base: s.c.id + cohortVariant(s.cfg), permits: true,
+		maxSlots: s.permits / n, spec: s.holdSpec("", n)}
 }
 
 // Available returns how many permits are free now: Permits minus those held (by leases not

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -37,6 +38,22 @@ func mustAvailable(t *testing.T, s *dlock.Semaphore, want int) {
 	got, err := s.Available(ctxT(t))
 	if err != nil || got != want {
 		t.Fatalf("Available = %d, %v; want %d", got, err, want)
+	}
+}
+
+// mustAvailableSoon is mustAvailable after an Unlock: a Client may keep a hold it waited for
+// a moment after its last local holder left (cohortLinger), then releases it in the
+// background, which has no event to wait on.
+func mustAvailableSoon(t *testing.T, s *dlock.Semaphore, want int) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Second); ; time.Sleep(time.Millisecond) {
+		got, err := s.Available(ctxT(t))
+		if err == nil && got == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Available = %d, %v, 1s after the Unlock; want %d", got, err, want)
+		}
 	}
 }
 
@@ -455,7 +472,7 @@ func TestSemaphoreKilledHoldersPermitsComeBackWithinTTL(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the killed holder's permits never came back")
 	}
-	mustAvailable(t, s, 2)
+	mustAvailableSoon(t, s, 2)
 }
 
 // Inspect shows a held semaphore's kind, permits out, holders and waiters.
@@ -577,5 +594,191 @@ func TestMutexOwnerIDsLikeSemaphoreMembersStayMutexes(t *testing.T) {
 	}
 	if err := <-got; err != nil {
 		t.Fatalf("the waiting Mutex with an \"s:\" owner id: %v", err)
+	}
+}
+
+// waitLocalWaiters waits until n goroutines of c wait locally for one permit of s.
+func waitLocalWaiters(t *testing.T, c *dlock.Client, s *dlock.Semaphore, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		if got, _ := dlock.SemaphoreCohortWaiters(c, s, 1); got == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d goroutines never queued locally", n)
+		}
+	}
+}
+
+// A Client holds as many permits at once as its goroutines ask for and the semaphore has
+// (its cohort has a Redis hold per holder), and hands a hold its holder gives back to the
+// next local waiter without a round trip (same hold, same owner and token) while another
+// process waits in Redis; a hold nobody here waits for goes back to that process.
+func TestSemaphoreCohortHandsPermitsToLocalWaiters(t *testing.T) {
+	dlock.SetCohortBatchTime(t, time.Minute) // the set-up's waits must not end the batch
+	c, rdb := newClient(t)
+	other, _ := newClient(t)
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	s := c.Semaphore(name, 2)
+	a, err := s.Acquire(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := s.TryAcquire(ctx, 1) // a permit is free: a local holder does not stop it
+	if err != nil {
+		t.Fatalf("TryAcquire with a permit free and a local holder: %v", err)
+	}
+	if a.Owner() == b.Owner() {
+		t.Fatalf("two holders at once share the owner id %q: one Redis hold for two permits", a.Owner())
+	}
+	mustAvailable(t, s, 0)
+	if _, err := s.TryAcquire(ctx, 1); !errors.Is(err, dlock.ErrNotObtained) {
+		t.Fatalf("TryAcquire with every permit held by this Client: %v, want ErrNotObtained", err)
+	}
+	local := acquired(ctx, s, 1)
+	waitLocalWaiters(t, c, s, 1)
+	if _, acquiring := dlock.SemaphoreCohortWaiters(c, s, 1); acquiring {
+		t.Fatal("the Client waits in Redis for a third permit of 2")
+	}
+	remote := acquired(ctx, other.Semaphore(name, 2), 1)
+	waitQueueLen(t, rdb, name, 1)
+
+	if err := a.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var w *dlock.Lease
+	select {
+	case r := <-local:
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		w = r.l
+	case r := <-remote:
+		t.Fatalf("the other process got the permit (%v) while a local goroutine waited", r.err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the local waiter was not handed the permit")
+	}
+	if w.Owner() != a.Owner() || w.Token() != a.Token() {
+		t.Fatalf("local hand-off: owner %q token %d, the hold's %q %d", w.Owner(), w.Token(), a.Owner(), a.Token())
+	}
+	if n := rdb.ZCard(ctx, dlock.DefaultKeyPrefix+"{"+name+"}:queue").Val(); n != 1 {
+		t.Fatalf("Redis queue %d long after the local hand-off, want the other process still in it", n)
+	}
+	if err := b.Unlock(ctx); err != nil { // nobody waits here: back to Redis, to the other
+		t.Fatal(err)
+	}
+	select {
+	case r := <-remote:
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		if err := r.l.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the other process was not admitted when this Client gave a permit back")
+	}
+	if err := w.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mustAvailableSoon(t, s, 2)
+}
+
+// Goroutines of one Client that take and give back the only permit in a loop never keep it
+// from another process for long: each hold serves a bounded batch of them.
+func TestSemaphoreCohortBatchLetsOtherProcessesIn(t *testing.T) {
+	c, _ := newClient(t)
+	other, _ := newClient(t)
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	s := c.Semaphore(name, 1)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := 0; i < 4; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				l, err := s.Acquire(ctx, 1)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				_ = l.Unlock(ctx)
+			}
+		}()
+	}
+	defer wg.Wait()
+	defer close(stop)
+	waitLocalWaiters(t, c, s, 3)
+	start := time.Now()
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	l, err := other.Semaphore(name, 1).Acquire(wctx, 1)
+	if err != nil {
+		t.Fatalf("the other process got no permit in %v while this Client's goroutines looped: %v", time.Since(start), err)
+	}
+	t.Logf("the other process waited %v", time.Since(start).Round(time.Microsecond))
+	_ = l.Unlock(ctx)
+}
+
+// A Client's goroutines together hold every permit of the semaphore at once, each under a
+// Redis hold of its own, and no more.
+func TestSemaphoreCohortTakesEveryPermit(t *testing.T) {
+	c, _ := newClient(t)
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	s := c.Semaphore(name, 3)
+	leases := make(chan leaseOrErr, 4)
+	for i := 0; i < 4; i++ {
+		go func() {
+			l, err := s.Acquire(ctx, 1)
+			leases <- leaseOrErr{l, err}
+		}()
+	}
+	var held []*dlock.Lease
+	for len(held) < 3 {
+		select {
+		case r := <-leases:
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			held = append(held, r.l)
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%d of 3 permits held by 4 goroutines of one Client", len(held))
+		}
+	}
+	waitLocalWaiters(t, c, s, 1)
+	mustAvailable(t, s, 0)
+	owners := map[string]bool{}
+	for _, l := range held {
+		owners[l.Owner()] = true
+	}
+	if len(owners) != 3 {
+		t.Fatalf("3 holders under %d owner ids", len(owners))
+	}
+	select {
+	case r := <-leases:
+		t.Fatalf("a fourth goroutine got a permit of 3: %v", r.err)
+	default:
+	}
+	_ = held[0].Unlock(ctx)
+	select {
+	case r := <-leases:
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		held[0] = r.l
+	case <-time.After(5 * time.Second):
+		t.Fatal("the fourth goroutine was not handed the permit given back")
+	}
+	for _, l := range held {
+		_ = l.Unlock(ctx)
 	}
 }
