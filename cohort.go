@@ -160,20 +160,9 @@ func (co *cohort) lock(ctx context.Context, ref lockRef, wait bool) (l *Lease, w
 		co.mu.Unlock()
 		return nil, nil, fmt.Errorf("%w: lock %q", err, ref.name), false
 	}
-	for _, s := range co.slots {
-		switch {
-		case s.cur != nil || s.out:
-		case len(co.queue) == 0 && co.canHandOffLocked(s):
-			s.stopLingerLocked()
-			l := co.grantLocked(ctx, s, ref)
-			co.mu.Unlock()
-			return l, nil, nil, false
-		default:
-			// Lingering past the batch bounds: give it back now; this caller queues for the
-			// next.
-			s.stopLingerLocked()
-			co.releaseLaterLocked(s)
-		}
+	if l := co.takeIdleLocked(ctx, ref); l != nil {
+		co.mu.Unlock()
+		return l, nil, nil, false
 	}
 	if co.mayTakeLocked() && len(co.queue) == 0 {
 		// Nobody waits here: try Redis from this goroutine, saving a hand-off in the
@@ -198,6 +187,14 @@ func (co *cohort) lock(ctx context.Context, ref lockRef, wait bool) (l *Lease, w
 		// Taken, Redis unavailable (the acquirer retries it), or lost the moment it was
 		// taken: Lock queues; anything else, TryLock, or a done ctx returns.
 		retry := h != nil || errors.Is(err, ErrNotObtained) || errors.Is(err, ErrUnavailable)
+		if retry && wait && ctx.Err() == nil {
+			// A hold of the cohort's may have come free meanwhile (a Semaphore's, whose
+			// permits the attempt found taken): it is this caller's before the queue's.
+			if l := co.takeIdleLocked(ctx, ref); l != nil {
+				co.mu.Unlock()
+				return l, nil, nil, false
+			}
+		}
 		if !wait || ctx.Err() != nil || !retry {
 			if err == nil {
 				err = notObtained(ref.name, errLostAtOnce)
@@ -216,6 +213,27 @@ func (co *cohort) lock(ctx context.Context, ref lockRef, wait bool) (l *Lease, w
 	co.kickLocked()
 	co.mu.Unlock()
 	return nil, w, nil, false
+}
+
+// takeIdleLocked makes the caller of ref the holder of a hold of the cohort that has none,
+// when nobody waits locally and the hold's batch allows (a hold lingering after its last
+// holder left), and returns its lease; nil if there is none. An idle hold past its batch
+// bounds is given back on the way.
+func (co *cohort) takeIdleLocked(ctx context.Context, ref lockRef) *Lease {
+	for _, s := range co.slots {
+		switch {
+		case s.cur != nil || s.out:
+		case len(co.queue) == 0 && co.canHandOffLocked(s):
+			s.stopLingerLocked()
+			return co.grantLocked(ctx, s, ref)
+		default:
+			// Lingering past the batch bounds: give it back now; this caller queues for the
+			// next.
+			s.stopLingerLocked()
+			co.releaseLaterLocked(s)
+		}
+	}
+	return nil
 }
 
 // mayTakeLocked reports whether the cohort may take one more hold in Redis: it has fewer than
@@ -393,6 +411,12 @@ func (co *cohort) grantHeadLocked(s *cohortSlot) bool {
 			continue
 		}
 		w.ready <- grantResult{l: co.grantLocked(w.ctx, s, w.ref)}
+		if len(co.queue) == 0 && co.stopAcq != nil {
+			// The acquirer waits in Redis for nobody now (a Semaphore's, while another of
+			// its holds served the last waiter): it would keep its place in the queue ahead
+			// of other processes for permits nobody here wants.
+			co.stopAcq()
+		}
 		return true
 	}
 	return false

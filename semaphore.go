@@ -89,15 +89,21 @@ func (s *Semaphore) Owner() string { return s.ids.handle() }
 
 // Acquire takes n permits (1 ≤ n ≤ Permits), waiting as long as ctx allows, behind every
 // caller already waiting. The lease holds the n permits until Unlock gives them back, or until
-// it is lost (Done, Err). Errors are those of Mutex.Lock, and ErrInvalid for a bad n, for a
+// it is lost (Done, Err). With cohorting, Unlock gives them to a goroutine of the Client that
+// waits for n permits while the hold's batch allows; a hold the Client had to wait for may
+// stay with it up to half a millisecond after its last holder left (Available counts it), for
+// a goroutine that acquires again at once. Errors are those of Mutex.Lock, and ErrInvalid for a bad n, for a
 // semaphore held with another number of permits, or for a name held as a lock.
 func (s *Semaphore) Acquire(ctx context.Context, n int) (*Lease, error) {
 	return s.acquire(ctx, n, true)
 }
 
 // TryAcquire makes one attempt to take n permits: it succeeds when nobody waits and n of them
-// are free. Errors are those of Mutex.TryLock (ErrNotObtained when too few permits are free or
-// others wait), and ErrInvalid as for Acquire.
+// are free, or (cohorting) when its Client keeps a hold of n permits that a holder of its own
+// just gave back (a hold it had waited for lingers half a millisecond for a goroutine that
+// acquires again, even while other processes wait: see Unlock). Errors are those of
+// Mutex.TryLock (ErrNotObtained when too few permits are free or others wait), and ErrInvalid
+// as for Acquire.
 func (s *Semaphore) TryAcquire(ctx context.Context, n int) (*Lease, error) {
 	return s.acquire(ctx, n, false)
 }

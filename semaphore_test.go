@@ -782,3 +782,44 @@ func TestSemaphoreCohortTakesEveryPermit(t *testing.T) {
 		_ = l.Unlock(ctx)
 	}
 }
+
+// A Client whose acquirer waits in Redis for permits leaves the queue once a local hand-off
+// served the goroutine it waited for: it keeps no place there ahead of other processes for
+// permits nobody wants, so another process gets a free permit at once.
+func TestSemaphoreCohortLeavesTheRedisQueueWhenNobodyWaitsLocally(t *testing.T) {
+	dlock.SetCohortBatchTime(t, time.Minute) // the set-up's waits must not end the batch
+	c, rdb := newClient(t)
+	other, _ := newClient(t)
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	s := c.Semaphore(name, 4)
+	a, err := s.Acquire(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	so := other.Semaphore(name, 4)
+	p, err := so.Acquire(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Unlock(ctx)
+	local := acquired(ctx, s, 2) // 1 permit free: it waits, its Client's acquirer in Redis
+	waitQueueLen(t, rdb, name, 1)
+	if err := a.Unlock(ctx); err != nil { // handed to the local waiter
+		t.Fatal(err)
+	}
+	r := <-local
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	defer r.l.Unlock(ctx)
+	waitQueueLen(t, rdb, name, 0)
+	mustAvailable(t, s, 1)
+	qctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	q, err := so.Acquire(qctx, 1)
+	if err != nil {
+		t.Fatalf("another process's Acquire(1) with 1 permit free and nobody waiting: %v", err)
+	}
+	_ = q.Unlock(ctx)
+}
