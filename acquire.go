@@ -170,11 +170,32 @@ func (c *Client) tryHold(ctx context.Context, s holdSpec, queue bool) (*hold, ti
 	}
 	k := s.keys
 	sent := c.now()
-	res, err := scripts.Acquire.Run(ctx, c.rdb, []string{k.lock, k.fence, k.opLog, k.queue, k.live},
-		s.owner, ttl.Milliseconds(), holdID, opLogTTL.Milliseconds(), queue,
+	ks := []string{k.lock, k.fence, k.opLog, k.queue, k.live}
+	args := []any{s.owner, ttl.Milliseconds(), holdID, opLogTTL.Milliseconds(), queue,
 		livenessWindow.Milliseconds(), k.channel, grantGrace.Milliseconds(), c.publishCmd,
 		s.reentrant, queueTTL.Milliseconds(), barge.Milliseconds(), string(s.access), s.attempt,
-		strings.Join(s.undo, " "), s.sem.n, s.sem.permits).Int64Slice()
+		strings.Join(s.undo, " "), s.sem.n, s.sem.permits}
+	var res []int64
+	var err error
+	if a := s.cfg.ack; a.n > 0 {
+		var r ackedCall
+		if r, err = c.runAcked(ctx, a, scripts.Acquire, ks, args...); err != nil {
+			if errors.Is(err, ErrInvalid) {
+				return nil, 0, fmt.Errorf("lock %q: %w", s.name, err)
+			}
+			return nil, 0, redisErr("lock", s.name, err) // no node for the key yet: nothing sent
+		}
+		res, err = r.cmd.Int64Slice()
+		if err == nil && len(res) > 1 && res[0] == 1 && (r.wait != nil || r.acked < int64(a.n)) {
+			// Taken but not acknowledged: give it back now, so the caller holds nothing.
+			rctx, cancel := context.WithTimeout(c.cleanup, abandonTimeout)
+			_, _ = runRelease(rctx, c, s.keys, s.owner, holdID, s.access, s.sem, releaseIfAcquired)
+			cancel()
+			return nil, 0, c.notReplicated(ctx, s.name, k.lock, a, r)
+		}
+	} else {
+		res, err = scripts.Acquire.Run(ctx, c.rdb, ks, args...).Int64Slice()
+	}
 	if err != nil {
 		if classify(err) == replyUnavailable {
 			c.topologyMayHaveChanged(ctx) // the next attempt, the caller's or ours, may go elsewhere
@@ -447,8 +468,10 @@ func (c *Client) waitHold(ctx context.Context, s holdSpec, contended bool) (*hol
 // with the grant's TTL: the grace, or the lease TTL if shorter. That TTL ran from after
 // queuedAt, from which the hold's safe deadline counts until its first renewal, due within
 // the grace, gives it the full TTL. It returns nil when too little of it is left, when the
-// lease is fixed (never renewed) and longer than the grant's TTL, or when the hold ended at
-// once: the wait's next attempt then finds the hold and takes it with a TTL of its own.
+// lease is fixed (never renewed) and longer than the grant's TTL, under WithReplicaAck (the
+// grant was written on another connection, where no WAIT of ours can count it), or when the
+// hold ended at once: the wait's next attempt then finds the hold and takes it with a TTL of
+// its own.
 func (c *Client) startGranted(ctx context.Context, s holdSpec, g *grantMsg, queuedAt time.Time) *hold {
 	ttl := s.cfg.leaseTTL()
 	grantTTL := min(grantGrace, ttl, g.ttl)
@@ -460,6 +483,11 @@ func (c *Client) startGranted(ctx context.Context, s holdSpec, g *grantMsg, queu
 	}
 	if err := c.checkOpen(); err != nil {
 		return nil // the wait ends on Close and leaves the queue, giving the grant back
+	}
+	if s.cfg.ack.n > 0 {
+		// The grant's write was made on another connection: the wait's next attempt, at once,
+		// confirms it and has it acknowledged on its own (replicaack.go).
+		return nil
 	}
 	h, _, _ := c.startHold(ctx, s, g.holdID, g.token, g.waiting, ttl, grantTTL, queuedAt)
 	return h

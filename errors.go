@@ -45,6 +45,12 @@ var (
 	// older than Redis 7.0, or the lock's keys were written in another key layout (by another
 	// dlock version during an upgrade). Nothing was changed; the lock is left as it was.
 	ErrIncompatible = errors.New("dlock: incompatible server or key layout")
+
+	// ErrNotReplicated means a write was not acknowledged by as many replicas as
+	// WithReplicaAck asks for within its timeout: an acquisition was undone (the caller does
+	// not hold the lock), or Lease.Extend did not extend the lease. The error says how many
+	// replicas acknowledged and how many the master has.
+	ErrNotReplicated = errors.New("dlock: not acknowledged by enough replicas")
 )
 
 // Causes wrapped by ErrLeaseLost.

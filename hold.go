@@ -2,6 +2,7 @@ package dlock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -108,9 +109,30 @@ func (h *hold) isHeld() bool {
 // lost and returns the loss.
 func (h *hold) extend(ctx context.Context, ttl time.Duration) error {
 	sent := h.c.now()
-	n, err := scripts.Extend.Run(ctx, h.c.rdb, []string{h.keys.lock}, h.holdID, ttl.Milliseconds()).Int()
+	var n int
+	var err error
+	var unacked error
+	if a := h.cfg.ack; a.n > 0 {
+		var r ackedCall
+		if r, err = h.c.runAcked(ctx, a, scripts.Extend, []string{h.keys.lock}, h.holdID, ttl.Milliseconds()); err != nil {
+			if errors.Is(err, ErrInvalid) {
+				return fmt.Errorf("extend %q: %w", h.name, err)
+			}
+			return redisErr("extend", h.name, err)
+		}
+		n, err = r.cmd.Int()
+		if err == nil && n != 0 && (r.wait != nil || r.acked < int64(a.n)) {
+			unacked = h.c.notReplicated(ctx, h.name, h.keys.lock, a, r)
+		}
+	} else {
+		n, err = scripts.Extend.Run(ctx, h.c.rdb, []string{h.keys.lock}, h.holdID, ttl.Milliseconds()).Int()
+	}
 	if err != nil {
 		return redisErr("extend", h.name, err)
+	}
+	if unacked != nil {
+		// Extended in Redis but not acknowledged: the lease keeps the deadline it had.
+		return unacked
 	}
 	if n == 0 {
 		h.lose(errRenewRefused)

@@ -87,7 +87,8 @@ func (c *Client) MultiLock(names []string, opts ...Option) *MultiLock {
 		ml.keys = append(ml.keys, lockKeys(ml.cfg.keyPrefix(), n))
 	}
 	ml.err = join(errs...)
-	ml.together.Store(ml.err == nil && c.oneSlot(ml.keys))
+	// Under WithReplicaAck members go one by one: each acquisition is acknowledged on its own.
+	ml.together.Store(ml.err == nil && ml.cfg.ack.n == 0 && c.oneSlot(ml.keys))
 	return ml
 }
 

@@ -62,6 +62,7 @@ type config struct {
 	noCohort   bool             // default: false (cohorting on, unless WithOwner is given)
 	clock      func() time.Time // default: time.Now (a Client option only)
 	logger     *slog.Logger     // default: discard (a Client option only)
+	ack        replicaAck       // default: off (WithReplicaAck)
 }
 
 // WithTTL sets the lease TTL. With renewal on (the default) the lease is renewed every TTL/4
@@ -160,7 +161,7 @@ func (c config) validate() error {
 	if d := c.driftFactor(); !(d >= 0 && d < 0.5) {
 		return fmt.Errorf("%w: drift %v: must be in [0, 0.5)", ErrInvalid, d)
 	}
-	return nil
+	return c.ack.validate()
 }
 
 // validateName checks a lock name: non-empty, at most 1024 bytes.

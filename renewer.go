@@ -178,21 +178,59 @@ func (r *renewer) renewBatch(ctx context.Context, due []*hold) {
 		retries[i] = min(window/10, maxRenewRetry)
 		timeout = min(timeout, max(window/4, minRenewTimeout))
 	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	// Under WithReplicaAck the batch goes to the node's own client, with the ack write and WAIT
+	// on the same connection (replicaack.go), waiting for the most any of its holds asks.
+	var ack replicaAck
+	for _, l := range due {
+		if a := l.cfg.ack; a.n > ack.n || (a.n > 0 && a.timeout > ack.timeout) {
+			ack = replicaAck{n: max(ack.n, a.n), timeout: max(ack.timeout, a.timeout)}
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout+ack.timeout)
 	defer cancel()
-	rdb := r.c.rdb
+	var rdb redis.Cmdable = r.c.rdb
+	var wait *redis.Cmd
+	if ack.n > 0 {
+		node, err := r.c.ackNode(ctx, due[0].keys.lock)
+		if err != nil {
+			for i, l := range due {
+				r.requeue(l, r.c.now().Add(retries[i]), time.Time{}, 0)
+			}
+			return
+		}
+		rdb = node
+	}
 	sent := r.c.now()
 	pipe := rdb.Pipeline()
 	cmds := make([]*redis.Cmd, len(due))
 	for i, l := range due {
 		cmds[i] = scripts.Extend.EvalSha(ctx, pipe, []string{l.keys.lock}, l.holdID, ttls[i].Milliseconds())
 	}
+	if ack.n > 0 {
+		pipe.Set(ctx, due[0].keys.lock+ackSuffix, 1, ackKeyTTL)
+		wait = pipe.Do(ctx, "WAIT", ack.n, ack.timeout.Milliseconds())
+	}
 	_, _ = pipe.Exec(ctx)
 
 	for i, l := range due {
 		n, err := cmds[i].Int()
 		if err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
-			n, err = scripts.Extend.Run(ctx, rdb, []string{l.keys.lock}, l.holdID, ttls[i].Milliseconds()).Int()
+			if ack.n > 0 {
+				// A fallback call would be on another connection, where WAIT proves nothing:
+				// load the script and renew again soon.
+				_ = scripts.Extend.Load(ctx, rdb)
+			} else {
+				n, err = scripts.Extend.Run(ctx, rdb, []string{l.keys.lock}, l.holdID, ttls[i].Milliseconds()).Int()
+			}
+		}
+		if a := l.cfg.ack; err == nil && n != 0 && a.n > 0 {
+			if acked, werr := wait.Int64(); werr != nil || acked < int64(a.n) {
+				// Renewed in Redis but not acknowledged: it does not count. The lease keeps
+				// its deadline, and the next try comes soon (a renewal that is acknowledged
+				// counts from when it was sent).
+				r.requeue(l, r.c.now().Add(retries[i]), time.Time{}, 0)
+				continue
+			}
 		}
 		switch {
 		case err != nil:

@@ -1,0 +1,240 @@
+package dlock_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// startReplicated starts a master and one replica of it (loopback TCP), replicating.
+func startReplicated(t *testing.T) (master, replica *redistest.Server) {
+	t.Helper()
+	master = redistest.StartT(t, redistest.Config{TCP: true})
+	host, port, _ := strings.Cut(master.Addr, ":")
+	replica = redistest.StartT(t, redistest.Config{TCP: true, Args: []string{"--replicaof", host, port}})
+	if err := master.AwaitReplicated(replica, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	return master, replica
+}
+
+// pauseReplica freezes the replica (SIGSTOP) until the test ends or the returned func runs.
+func pauseReplica(t *testing.T, replica *redistest.Server) (resume func()) {
+	t.Helper()
+	replica.Pause()
+	done := false
+	resume = func() {
+		if !done {
+			done = true
+			replica.Resume()
+		}
+	}
+	t.Cleanup(resume)
+	return resume
+}
+
+// A lease under WithReplicaAck is handed out only once the replica has the hold: the replica
+// holds the lock's key, with the lease's token, the moment Lock or TryLock returns, both for a
+// fresh acquisition and for a lock a release granted to a waiter.
+func TestReplicaAckLeaseIsOnTheReplicaWhenHandedOut(t *testing.T) {
+	master, replica := startReplicated(t)
+	rdb, rrep := master.Client(), replica.Client()
+	defer rdb.Close()
+	defer rrep.Close()
+	ctx := ctxT(t)
+	a := dlock.New(rdb, dlock.WithReplicaAck(1, time.Second))
+	defer a.Close(ctx)
+	b := dlock.New(rdb, dlock.WithReplicaAck(1, time.Second))
+	defer b.Close(ctx)
+	name := redistest.Name(t)
+	onReplica := func(l *dlock.Lease) {
+		t.Helper()
+		tok, err := rrep.HGet(ctx, lockKey(name), "#t").Uint64()
+		if err != nil {
+			t.Fatalf("replica: lock key: %v", err)
+		}
+		if tok > l.Token() {
+			t.Fatalf("replica's phase token %d is above the lease's %d", tok, l.Token())
+		}
+	}
+	la, err := a.Mutex(name).TryLock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	onReplica(la)
+	got := make(chan *dlock.Lease, 1)
+	go func() {
+		lb, err := b.Mutex(name).Lock(ctx)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- lb
+	}()
+	waitQueued(t, a, name, 1)
+	if err := la.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lb := <-got
+	if lb == nil {
+		return
+	}
+	tok, err := rrep.HGet(ctx, lockKey(name), "#t").Uint64()
+	if err != nil || tok != lb.Token() {
+		t.Fatalf("replica: token %d (%v), want the granted lease's %d", tok, err, lb.Token())
+	}
+	if err := lb.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// An acquisition no replica acknowledged is undone: TryLock and Lock return ErrNotReplicated
+// (not ErrNotObtained), saying how many replicas acknowledged, and the lock is free at once.
+func TestReplicaAckUndoesAnUnacknowledgedAcquisition(t *testing.T) {
+	master, replica := startReplicated(t)
+	rdb := master.Client()
+	defer rdb.Close()
+	ctx := ctxT(t)
+	c := dlock.New(rdb, dlock.WithReplicaAck(1, 50*time.Millisecond))
+	defer c.Close(ctx)
+	plain := dlock.New(rdb)
+	defer plain.Close(ctx)
+	name := redistest.Name(t)
+	pauseReplica(t, replica)
+	for _, lock := range []func() (*dlock.Lease, error){
+		func() (*dlock.Lease, error) { return c.Mutex(name).TryLock(ctx) },
+		func() (*dlock.Lease, error) { return c.Mutex(name).Lock(ctx) },
+	} {
+		l, err := lock()
+		if l != nil || !errors.Is(err, dlock.ErrNotReplicated) || errors.Is(err, dlock.ErrNotObtained) {
+			t.Fatalf("got %v, %v; want ErrNotReplicated", l, err)
+		}
+		if !strings.Contains(err.Error(), "0 of 1 replicas") {
+			t.Fatalf("error %q does not say how many replicas acknowledged", err)
+		}
+		if n, _ := rdb.Exists(ctx, lockKey(name)).Result(); n != 0 {
+			t.Fatalf("the undone acquisition left the lock key behind")
+		}
+		other, err := plain.Mutex(name).TryLock(ctx)
+		if err != nil {
+			t.Fatalf("lock not free after the undone acquisition: %v", err)
+		}
+		if err := other.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// Asking for more replicas than the master has fails with an error that says so.
+func TestReplicaAckMoreReplicasThanConnected(t *testing.T) {
+	master, _ := startReplicated(t)
+	rdb := master.Client()
+	defer rdb.Close()
+	ctx := ctxT(t)
+	c := dlock.New(rdb, dlock.WithReplicaAck(2, 20*time.Millisecond))
+	defer c.Close(ctx)
+	_, err := c.Mutex(redistest.Name(t)).TryLock(ctx)
+	if !errors.Is(err, dlock.ErrNotReplicated) || !strings.Contains(err.Error(), "has 1 connected replicas") {
+		t.Fatalf("err = %v; want ErrNotReplicated naming the 1 connected replica", err)
+	}
+}
+
+// Renewals that no replica acknowledges do not count: the lease ends at its safe deadline
+// although the master kept extending the key; Extend returns ErrNotReplicated.
+func TestReplicaAckUnacknowledgedRenewalsEndTheLease(t *testing.T) {
+	master, replica := startReplicated(t)
+	rdb := master.Client()
+	defer rdb.Close()
+	ctx := ctxT(t)
+	const ttl = 400 * time.Millisecond
+	c := dlock.New(rdb, dlock.WithReplicaAck(1, 20*time.Millisecond), dlock.WithTTL(ttl))
+	defer c.Close(ctx)
+	name := redistest.Name(t)
+	l, err := c.Mutex(name).TryLock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resume := pauseReplica(t, replica)
+	frozen := time.Now()
+	if err := l.Extend(ctx, time.Second); !errors.Is(err, dlock.ErrNotReplicated) {
+		t.Fatalf("Extend = %v; want ErrNotReplicated", err)
+	}
+	ended := waitDone(t, l, 3*ttl)
+	if !errors.Is(l.Err(), dlock.ErrLeaseLost) {
+		t.Fatalf("Err = %v", l.Err())
+	}
+	// The master still has the hold: only the missing acknowledgements ended the lease.
+	if n, _ := rdb.Exists(ctx, lockKey(name)).Result(); n != 1 {
+		t.Fatalf("lock key gone from the master: the lease ended for another reason")
+	}
+	t.Logf("lease ended %v after the replica froze (TTL %v)", ended.Sub(frozen).Round(time.Millisecond), ttl)
+	resume()
+}
+
+// Bad settings are refused with ErrInvalid, before anything is written.
+func TestReplicaAckInvalid(t *testing.T) {
+	c, rdb := newClient(t)
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	for _, o := range []dlock.Option{dlock.WithReplicaAck(-1, time.Second), dlock.WithReplicaAck(1, 0)} {
+		if _, err := c.Mutex(name, o).TryLock(ctx); !errors.Is(err, dlock.ErrInvalid) {
+			t.Fatalf("TryLock = %v; want ErrInvalid", err)
+		}
+	}
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": rdb.Options().Addr}})
+	defer ring.Close()
+	rc := dlock.New(ring, dlock.WithReplicaAck(1, time.Second))
+	defer rc.Close(ctx)
+	if _, err := rc.Mutex(name).TryLock(ctx); !errors.Is(err, dlock.ErrInvalid) {
+		t.Fatalf("TryLock over a Ring = %v; want ErrInvalid", err)
+	}
+	if n, _ := rdb.Exists(ctx, lockKey(name)).Result(); n != 0 {
+		t.Fatalf("a refused call wrote the lock key")
+	}
+}
+
+// A lock a release grants to a waiter is not handed out before a replica acknowledged it: with
+// the replica frozen, the waiter's Lock returns ErrNotReplicated instead of the granted lease,
+// and the lock is free again.
+func TestReplicaAckGrantNotAcknowledgedIsNotHandedOut(t *testing.T) {
+	master, replica := startReplicated(t)
+	rdb := master.Client()
+	defer rdb.Close()
+	ctx := ctxT(t)
+	a := dlock.New(rdb)
+	defer a.Close(ctx)
+	b := dlock.New(rdb, dlock.WithReplicaAck(1, 50*time.Millisecond))
+	defer b.Close(ctx)
+	name := redistest.Name(t)
+	la, err := a.Mutex(name).TryLock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		l   *dlock.Lease
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		l, err := b.Mutex(name).Lock(ctx)
+		got <- result{l, err}
+	}()
+	waitQueued(t, a, name, 1)
+	pauseReplica(t, replica)
+	if err := la.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-got
+	if r.l != nil || !errors.Is(r.err, dlock.ErrNotReplicated) {
+		t.Fatalf("waiter got %v, %v; want ErrNotReplicated", r.l, r.err)
+	}
+	other, err := a.Mutex(name).TryLock(ctx)
+	if err != nil {
+		t.Fatalf("lock not free after the unacknowledged grant: %v", err)
+	}
+	_ = other.Unlock(ctx)
+}
