@@ -76,13 +76,16 @@
 // resource that checks the fencing token (FencedSet) refuses its late writes. A Redis restart
 // without persistence, or a failover to a replica that missed the write, can grant a lock
 // twice: fencing still protects the resource, and docs/DESIGN.md explains the rest.
+// WithReplicaAck narrows the second case: a lease is handed out only once replicas of the
+// master acknowledged its write (ErrNotReplicated otherwise).
 //
 // # Errors
 //
 // Errors match the sentinels with errors.Is: ErrNotObtained (taken, or ctx ended while
 // waiting, joined with ctx.Err()), ErrUnavailable (Redis gave no definite answer: down,
 // failing over, loading; Lock waits it out), ErrNotHeld, ErrLeaseLost, ErrClosed, ErrInvalid,
-// ErrIncompatible (a server before 7.0, a lock of another dlock version) and ErrStaleToken.
+// ErrIncompatible (a server before 7.0, a lock of another dlock version), ErrStaleToken and
+// ErrNotReplicated (WithReplicaAck: too few replicas acknowledged; nothing is held).
 // Other Redis errors are returned wrapped with the lock name. Errors print on one line.
 //
 // # Deployments
