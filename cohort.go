@@ -109,12 +109,18 @@ func (c *Client) mutexCohort(m *Mutex) *cohort {
 		cfg: m.cfg, owner: epochOwner(base, c.cohortEpoch.Load()), reentrant: false}}
 }
 
-// cohortVariant names the settings a cohort's hold is taken with (TTL, lease mode, drift),
+// cohortVariant names the settings a cohort's hold is taken with (TTL, lease mode, drift, replica ack),
 // "" for the defaults. Handles that differ in them are served by different cohorts, whose
 // owner ids differ, so each handle's lease is always taken with its own settings.
 func cohortVariant(cfg config) string {
+	// Handles that differ in replica acknowledgement never share holds: a hold taken without
+	// it must not be handed to a caller that asked for it.
+	ack := ""
+	if cfg.ack.n > 0 {
+		ack = "/a" + strconv.Itoa(cfg.ack.n) + "t" + strconv.FormatInt(cfg.ack.timeout.Milliseconds(), 10)
+	}
 	if !cfg.ttlSet && !cfg.fixedLease && cfg.drift == nil {
-		return ""
+		return ack
 	}
 	v := "/" + strconv.FormatInt(cfg.leaseTTL().Milliseconds(), 10)
 	if cfg.fixedLease {
@@ -123,7 +129,7 @@ func cohortVariant(cfg config) string {
 	if cfg.drift != nil {
 		v += "/" + strconv.FormatFloat(*cfg.drift, 'g', -1, 64)
 	}
-	return v
+	return v + ack
 }
 
 // cohortLock takes a lock through the Client's cohort called key (made by mk on first use)

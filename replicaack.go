@@ -114,7 +114,9 @@ func (c *Client) runAcked(ctx context.Context, a replicaAck, script *redis.Scrip
 // asked for, that it never could.
 func (c *Client) notReplicated(ctx context.Context, name, key string, a replicaAck, r ackedCall) error {
 	if r.wait != nil {
-		return fmt.Errorf("%w: lock %q: no answer to WAIT: %w", ErrNotReplicated, name, redisErr("wait", name, r.wait))
+		// Not wrapped as ErrUnavailable: the acquisition was undone, and a wait must end rather
+		// than retry under a hold id the undo marked given up.
+		return fmt.Errorf("%w: lock %q: WAIT failed: %v", ErrNotReplicated, name, r.wait)
 	}
 	more := ""
 	if node, err := c.ackNode(ctx, key); err == nil {

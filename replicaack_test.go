@@ -150,8 +150,10 @@ func TestReplicaAckUnacknowledgedRenewalsEndTheLease(t *testing.T) {
 	rdb := master.Client()
 	defer rdb.Close()
 	ctx := ctxT(t)
-	const ttl = 400 * time.Millisecond
-	c := dlock.New(rdb, dlock.WithReplicaAck(1, 20*time.Millisecond), dlock.WithTTL(ttl))
+	const ttl = 2 * time.Second
+	// A timeout that a loaded machine's replica meets for the first TryLock; once the replica is
+	// frozen nothing is acknowledged, however long WAIT waits.
+	c := dlock.New(rdb, dlock.WithReplicaAck(1, 300*time.Millisecond), dlock.WithTTL(ttl))
 	defer c.Close(ctx)
 	name := redistest.Name(t)
 	l, err := c.Mutex(name).TryLock(ctx)
@@ -163,7 +165,7 @@ func TestReplicaAckUnacknowledgedRenewalsEndTheLease(t *testing.T) {
 	if err := l.Extend(ctx, time.Second); !errors.Is(err, dlock.ErrNotReplicated) {
 		t.Fatalf("Extend = %v; want ErrNotReplicated", err)
 	}
-	ended := waitDone(t, l, 3*ttl)
+	ended := waitDone(t, l, 5*time.Second)
 	if !errors.Is(l.Err(), dlock.ErrLeaseLost) {
 		t.Fatalf("Err = %v", l.Err())
 	}
@@ -237,4 +239,42 @@ func TestReplicaAckGrantNotAcknowledgedIsNotHandedOut(t *testing.T) {
 		t.Fatalf("lock not free after the unacknowledged grant: %v", err)
 	}
 	_ = other.Unlock(ctx)
+}
+
+// A handle asking for acknowledgement never shares a hold with one that does not, on the same
+// Client: with the replica frozen it gets ErrNotReplicated, not the plain handle's hold handed
+// on locally (Mutex cohort, RWMutex read share).
+func TestReplicaAckNeverSharesAPlainHold(t *testing.T) {
+	master, replica := startReplicated(t)
+	rdb := master.Client()
+	defer rdb.Close()
+	ctx := ctxT(t)
+	c := dlock.New(rdb)
+	defer c.Close(ctx)
+	name := redistest.Name(t)
+	pauseReplica(t, replica)
+	ack := dlock.WithReplicaAck(1, 30*time.Millisecond)
+	plain, err := c.RWMutex(name).RLock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l, err := c.RWMutex(name, ack).RLock(ctx); !errors.Is(err, dlock.ErrNotReplicated) {
+		t.Fatalf("RLock with ack joined a plain read hold: %v, %v", l, err)
+	}
+	_ = plain.Unlock(ctx)
+	m := name + "-m"
+	held, err := c.Mutex(m).TryLock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		_, err := c.Mutex(m, ack).Lock(ctx)
+		got <- err
+	}()
+	waitQueued(t, c, m, 1)
+	_ = held.Unlock(ctx)
+	if err := <-got; !errors.Is(err, dlock.ErrNotReplicated) {
+		t.Fatalf("Lock with ack got the plain handle's hold: %v", err)
+	}
 }
