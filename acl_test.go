@@ -31,12 +31,15 @@ var minimalACL = []string{
 // CONFIG GET (the maxmemory-policy warning), SCAN (Client.Locks, dlock list).
 var optionalACL = []string{"+role", "+config|get", "+scan"}
 
+// replicaAckACL is what WithReplicaAck adds: WAIT, and INFO for its error's replica count.
+var replicaAckACL = []string{"+wait", "+info"}
+
 func TestREADMEShowsTheMinimalACL(t *testing.T) {
 	readme, err := os.ReadFile("README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, rules := range [][]string{minimalACL, optionalACL} {
+	for _, rules := range [][]string{minimalACL, optionalACL, replicaAckACL} {
 		if want := strings.Join(rules, " "); !strings.Contains(string(readme), want) {
 			t.Fatalf("README.md does not show the ACL rules %q", want)
 		}

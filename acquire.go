@@ -186,7 +186,7 @@ func (c *Client) tryHold(ctx context.Context, s holdSpec, queue bool) (*hold, ti
 			return nil, 0, redisErr("lock", s.name, err) // no node for the key yet: nothing sent
 		}
 		res, err = r.cmd.Int64Slice()
-		if err == nil && len(res) > 1 && res[0] == 1 && (r.wait != nil || r.acked < int64(a.n)) {
+		if err == nil && len(res) > 1 && res[0] == 1 && r.short(a) {
 			// Taken but not acknowledged: give it back now, so the caller holds nothing.
 			rctx, cancel := context.WithTimeout(c.cleanup, abandonTimeout)
 			_, _ = runRelease(rctx, c, s.keys, s.owner, holdID, s.access, s.sem, releaseIfAcquired)

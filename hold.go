@@ -121,7 +121,7 @@ func (h *hold) extend(ctx context.Context, ttl time.Duration) error {
 			return redisErr("extend", h.name, err)
 		}
 		n, err = r.cmd.Int()
-		if err == nil && n != 0 && (r.wait != nil || r.acked < int64(a.n)) {
+		if err == nil && n != 0 && r.short(a) {
 			unacked = h.c.notReplicated(ctx, h.name, h.keys.lock, a, r)
 		}
 	} else {

@@ -212,13 +212,18 @@ func (r *renewer) renewBatch(ctx context.Context, due []*hold) {
 	}
 	_, _ = pipe.Exec(ctx)
 
+	cached := false
 	for i, l := range due {
 		n, err := cmds[i].Int()
 		if err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
 			if ack.n > 0 {
 				// A fallback call would be on another connection, where WAIT proves nothing:
-				// load the script and renew again soon.
-				_ = scripts.Extend.Load(ctx, rdb)
+				// cache the script (once per batch, through an acked Extend of this hold, whose
+				// outcome is not used) and renew again soon.
+				if !cached {
+					cached = true
+					_, _ = r.c.runAcked(ctx, ack, scripts.Extend, []string{l.keys.lock}, l.holdID, ttls[i].Milliseconds())
+				}
 			} else {
 				n, err = scripts.Extend.Run(ctx, rdb, []string{l.keys.lock}, l.holdID, ttls[i].Milliseconds()).Int()
 			}

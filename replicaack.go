@@ -84,6 +84,9 @@ type ackedCall struct {
 	wait  error
 }
 
+// short reports whether the call's write counts as not acknowledged under a.
+func (r ackedCall) short(a replicaAck) bool { return r.wait != nil || r.acked < int64(a.n) }
+
 // runAcked runs script on the node of keys[0] followed, on the same connection, by the ack
 // write and WAIT for a. The script's error is in the returned cmd; an error of WAIT (its
 // reply lost, say) leaves wait set: the script may have run, but nothing is acknowledged.
@@ -92,16 +95,20 @@ func (c *Client) runAcked(ctx context.Context, a replicaAck, script *redis.Scrip
 	if err != nil {
 		return ackedCall{}, err
 	}
+	// EVALSHA first; a server that has not cached the script (a fresh or promoted master) gets
+	// it with EVAL, as redis.Script.Run does, which needs no SCRIPT LOAD permission.
 	for try := 0; ; try++ {
 		pipe := node.Pipeline()
-		cmd := script.EvalSha(ctx, pipe, keys, args...)
+		var cmd *redis.Cmd
+		if try == 0 {
+			cmd = script.EvalSha(ctx, pipe, keys, args...)
+		} else {
+			cmd = script.Eval(ctx, pipe, keys, args...)
+		}
 		pipe.Set(ctx, keys[0]+ackSuffix, 1, ackKeyTTL)
 		wait := pipe.Do(ctx, "WAIT", a.n, a.timeout.Milliseconds())
 		_, _ = pipe.Exec(ctx)
 		if err := cmd.Err(); try == 0 && err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
-			if lerr := script.Load(ctx, node).Err(); lerr != nil {
-				return ackedCall{cmd: cmd}, nil
-			}
 			continue
 		}
 		n, werr := wait.Int64()

@@ -2,6 +2,7 @@ package dlock_test
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -285,4 +286,31 @@ func TestReplicaAckNeverSharesAPlainHold(t *testing.T) {
 	if err := <-got; !errors.Is(err, dlock.ErrNotReplicated) {
 		t.Fatalf("Lock with ack got the plain handle's hold: %v", err)
 	}
+}
+
+// A user of the minimal ACL (no +wait) asking for acknowledgement gets ErrNotReplicated naming
+// the refusal, and nothing stays held; with +wait +info added it gets its lease.
+func TestReplicaAckWithoutWaitPermission(t *testing.T) {
+	master, _ := startReplicated(t)
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	ack := dlock.WithReplicaAck(1, time.Second)
+	c := dlock.New(aclClient(t, master, "nowait", minimalACL...), ack)
+	defer c.Close(ctx)
+	_, err := c.Mutex(name).TryLock(ctx)
+	if !errors.Is(err, dlock.ErrNotReplicated) || !strings.Contains(err.Error(), "NOPERM") {
+		t.Fatalf("TryLock = %v; want ErrNotReplicated naming NOPERM", err)
+	}
+	admin := master.Client()
+	defer admin.Close()
+	if n, _ := admin.Exists(ctx, lockKey(name)).Result(); n != 0 {
+		t.Fatalf("the refused acquisition left the lock key behind")
+	}
+	ok := dlock.New(aclClient(t, master, "withwait", append(slices.Clone(minimalACL), replicaAckACL...)...), ack)
+	defer ok.Close(ctx)
+	l, err := ok.Mutex(name).TryLock(ctx)
+	if err != nil {
+		t.Fatalf("TryLock with %v: %v", replicaAckACL, err)
+	}
+	_ = l.Unlock(ctx)
 }
