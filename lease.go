@@ -38,6 +38,7 @@ type Lease struct {
 	err      error
 	unlocked bool    // Unlock reached Redis (or found the lease lost)
 	retry    []*hold // holds whose release failed: a later Unlock runs them again
+	released int     // holds of a lease over several whose release Redis confirmed
 	ctx      context.Context
 	cancel   context.CancelCauseFunc
 }
@@ -47,9 +48,12 @@ type Lease struct {
 // unlocks, and all of them end when the hold behind them is lost.
 type holding struct {
 	h     *hold
-	more  []*hold // a MultiLock's other member holds (h is the first): the holding is all of them
+	more  []*hold // a MultiLock's or a Redlock's other holds (h is the first)
 	multi bool    // a MultiLock's holding (even of one member): never re-entered
-	co    sharer  // non-nil when h is a Client's hold shared by its goroutines (the sharer's)
+	// need is how many of the holds must be held for the holding to be: all of them (a
+	// MultiLock's members), or a quorum of a Redlock's masters.
+	need  int
+	co    sharer // non-nil when h is a Client's hold shared by its goroutines (the sharer's)
 	token uint64
 
 	mu     sync.Mutex
@@ -66,18 +70,42 @@ type sharer interface {
 	unlock(ctx context.Context, l *Lease) error
 }
 
-// newHolding returns a holding of h (and, for a MultiLock, more) with token. For plain holds
-// (co nil) it ends with the first of them to end; a sharer ends its holdings itself.
+// newHolding returns a holding of h (and, for a MultiLock, more) with token, which needs all
+// of them. For plain holds (co nil) it ends with the first of them to end; a sharer ends its
+// holdings itself.
 func newHolding(h *hold, co sharer, token uint64, more ...*hold) *holding {
-	hd := &holding{h: h, more: more, co: co, token: token}
-	if co == nil {
+	return startHolding(&holding{h: h, more: more, co: co, token: token, need: 1 + len(more)})
+}
+
+// newQuorumHolding returns the holding of a Redlock lease: hs, one hold per master that
+// granted it (at least need of them), with token. It ends once fewer than need are held.
+func newQuorumHolding(hs []*hold, need int, token uint64) *holding {
+	return startHolding(&holding{h: hs[0], more: hs[1:], token: token, need: need})
+}
+
+func startHolding(hd *holding) *holding {
+	if hd.co == nil {
 		for _, x := range hd.holds() {
-			if ended, err := x.setOnEnd(hd.end); ended {
-				hd.end(err)
+			if ended, err := x.setOnEnd(hd.holdEnded); ended {
+				hd.holdEnded(err)
 			}
 		}
 	}
 	return hd
+}
+
+// holdEnded runs when one of the holding's holds ended other than by a release (lost, or
+// the Client closed): the holding ends with err once fewer than need of its holds are held.
+func (hd *holding) holdEnded(err error) {
+	held := 0
+	for _, x := range hd.holds() {
+		if x.isHeld() {
+			held++
+		}
+	}
+	if held < hd.need {
+		hd.end(err)
+	}
 }
 
 // holds returns every hold of the holding.
@@ -101,22 +129,29 @@ func (hd *holding) lossErr() error {
 	return hd.h.lossErr()
 }
 
+// valid reports whether at least need of the holds are certainly held.
 func (hd *holding) valid() bool {
+	n := 0
 	for _, x := range hd.holds() {
-		if !x.valid() {
-			return false
+		if x.valid() {
+			n++
 		}
 	}
-	return true
+	return n >= hd.need
 }
 
-// remaining is the least time any hold of the holding is certainly held.
+// remaining is how long at least need of the holds are certainly held: the least remaining
+// time of all of them when all are needed, the need-th longest for a quorum.
 func (hd *holding) remaining() time.Duration {
-	d := hd.h.remaining()
-	for _, x := range hd.more {
-		d = min(d, x.remaining())
+	if len(hd.more) == 0 {
+		return hd.h.remaining()
 	}
-	return d
+	ds := make([]time.Duration, 0, 1+len(hd.more))
+	for _, x := range hd.holds() {
+		ds = append(ds, x.remaining())
+	}
+	slices.Sort(ds)
+	return ds[len(ds)-hd.need]
 }
 
 // first returns the holding's first lease, taken through ref with ctx. A holding ended in between
@@ -358,15 +393,35 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if err := l.heldErr(); err != nil {
 		return err
 	}
-	for _, h := range l.hd.holds() {
-		if err := h.extend(ctx, ttl.Truncate(time.Millisecond)); err != nil {
-			if herr := l.heldErr(); herr != nil {
-				return herr
-			}
-			return err
+	ttl = ttl.Truncate(time.Millisecond)
+	hs := l.hd.holds()
+	errs := make([]error, len(hs))
+	var wg sync.WaitGroup
+	for i, h := range hs { // at once: a MultiLock's members and a Redlock's masters are apart
+		if !h.isHeld() {
+			errs[i] = h.lossErr() // a Redlock master lost while the quorum holds
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = h.extend(ctx, ttl)
+		}()
+	}
+	wg.Wait()
+	if herr := l.heldErr(); herr != nil {
+		return herr
+	}
+	ok := 0
+	for _, err := range errs {
+		if err == nil {
+			ok++
 		}
 	}
-	return l.heldErr()
+	if ok >= l.hd.need {
+		return nil
+	}
+	return join(errs...)
 }
 
 // Unlock releases this lease. When it was the last lease of its holding (re-entries through

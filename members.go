@@ -45,8 +45,8 @@ func releaseAll(ctx context.Context, hs []*hold) ([]int, []error) {
 	return ns, errs
 }
 
-// unlockAll releases every member hold of a MultiLock lease: Unlock's work when the lease has
-// several holds.
+// unlockAll releases every hold of a lease over several holds (a MultiLock's members, a
+// Redlock's masters): Unlock's work then.
 func (l *Lease) unlockAll(ctx context.Context) error {
 	var lost error
 	var releasing []*hold
@@ -60,14 +60,18 @@ func (l *Lease) unlockAll(ctx context.Context) error {
 	return l.releaseMembers(ctx, releasing, lost)
 }
 
-// releaseMembers runs the releases of a MultiLock lease's member holds hs and ends the lease
-// by their answers: lost if a member was (lost, or a release answering that the hold is gone).
-// A release that got no answer is retried in the background, and at once by a later Unlock
-// (the lease keeps those holds) unless a member was lost; its error is returned either way.
+// releaseMembers runs the releases of holds hs of a lease over several holds and ends the
+// lease by their answers. The lease was lost (cause lost, if given) when fewer of its holds
+// than its holding needs (every MultiLock member, a Redlock quorum) were still held at the
+// release: the holds released now or by an earlier Unlock, plus those whose release got no
+// answer. A release that got no answer is retried in the background; while the holds released
+// are short of the need, a later Unlock retries them at once (the lease keeps them) and the
+// error is returned.
 func (l *Lease) releaseMembers(ctx context.Context, hs []*hold, lost error) error {
 	ns, rerrs := releaseAll(ctx, hs)
 	var errs []error
 	var failed []*hold
+	ok := 0
 	for i, h := range hs {
 		switch {
 		case rerrs[i] != nil:
@@ -81,24 +85,30 @@ func (l *Lease) releaseMembers(ctx context.Context, hs []*hold, lost error) erro
 			lost = cmpOr(lost, gone)
 		default:
 			h.end(nil, false)
+			ok++
 		}
 	}
+	l.mu.Lock()
+	l.released += ok
+	released := l.released
+	l.mu.Unlock()
 	retrying := "dlock retries the release in the background; the lock expires within its TTL otherwise"
-	if lost != nil {
+	switch {
+	case released+len(failed) < l.hd.need:
+		lost = cmpOr(lost, leaseLost(l.ref.name, errKeyGone))
 		l.finish(lost, true)
 		if len(errs) > 0 {
 			return fmt.Errorf("%w: %w; %w (%s)", ErrNotHeld, lost, join(errs...), retrying)
 		}
 		return fmt.Errorf("%w: %w", ErrNotHeld, lost)
-	}
-	if len(failed) > 0 {
+	case released < l.hd.need:
 		l.mu.Lock()
 		l.retry = failed
 		l.mu.Unlock()
 		l.finish(nil, false) // ended locally; a later Unlock retries the failed releases at once
 		return fmt.Errorf("%w (%s)", join(errs...), retrying)
 	}
-	l.finish(nil, true)
+	l.finish(nil, true) // a quorum released: the rest are retried in the background
 	return nil
 }
 

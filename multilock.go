@@ -51,10 +51,10 @@ var errSlowMember = errors.New("no answer while the MultiLock held members befor
 //
 // The lease is the same *Lease as a Mutex's, over all members: it is lost as soon as any member
 // is lost (the others are then released), Extend and Unlock act on every member, Remaining is
-// the least of theirs, and Tokens gives each member's fencing token (Token is 0). An Extend that
-// fails on one member may have extended the members before it. A MultiLock lease is not
-// re-entered through its context: a Mutex or MultiLock given that context on one of its
-// members gets ErrInvalid at once; other locks are taken as usual.
+// the least of theirs, and Tokens gives each member's fencing token (Token is 0). An Extend runs
+// on every member at once; one that fails on a member may have extended the others. A
+// MultiLock lease is not re-entered through its context: a Mutex or MultiLock given that
+// context on one of its members gets ErrInvalid at once; other locks are taken as usual.
 type MultiLock struct {
 	c     *Client
 	names []string // sorted
