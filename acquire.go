@@ -120,8 +120,11 @@ type holdSpec struct {
 	reentrant bool // false for a cohort: its own hold found in Redis is stale and re-taken
 	noBarge   bool // a cohort's acquirer: never take a free lock ahead of waiting processes
 	access    access
-	sem       semSpec      // with accessPermits: the permits the hold takes
-	observer  waitObserver // nil, or told what a wait on behalf of others hears (waitHold)
+	// failFast: a wait (waitHold) returns Redis's ErrUnavailable instead of waiting it out (a
+	// Redlock waits on one master while others may serve it)
+	failFast bool
+	sem      semSpec      // with accessPermits: the permits the hold takes
+	observer waitObserver // nil, or told what a wait on behalf of others hears (waitHold)
 	// holdID is the hold a wait's queued attempts send, the one a grant writes for it
 	// (waitHold); "" gives each call a fresh one. attempt numbers the wait's attempts. undo
 	// lists the hold ids of its attempts that got no usable reply, whose holds (taken or
@@ -380,6 +383,9 @@ func (c *Client) waitHold(ctx context.Context, s holdSpec, contended bool) (*hol
 		switch {
 		case h != nil:
 			return h, nil
+		case errors.Is(err, ErrUnavailable) && s.failFast:
+			leave() // the attempt may have queued, or been granted: pass that on
+			return nil, err
 		case errors.Is(err, ErrUnavailable):
 			failing = err
 			backoff = min(max(2*backoff, minUnavailableRetry), maxUnavailableRetry)

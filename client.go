@@ -59,6 +59,8 @@ type Client struct {
 	shares    map[string]*readShare // open shared read holds, by lock key (readshare.go)
 	// pendingReads: a reader waiting in Redis on behalf of the Client's readers, by lock key
 	pendingReads map[string]*pendingRead
+
+	rl *redlock // NewRedlock's masters, or nil
 }
 
 // New returns a Client over rdb: a *redis.Client (standalone or failover/Sentinel) or a
@@ -67,6 +69,16 @@ type Client struct {
 // goroutine (that waits for the first lease); a nil rdb or an invalid option is reported by
 // every Lock and TryLock as ErrInvalid.
 func New(rdb redis.UniversalClient, opts ...Option) *Client {
+	c := newClient(rdb, opts)
+	if isNil(rdb) {
+		c.err = join(c.err, fmt.Errorf("%w: nil Redis client", ErrInvalid))
+	}
+	return c
+}
+
+// newClient returns a Client over rdb (nil for a Redlock's, whose masters have Clients of
+// their own) with its options checked.
+func newClient(rdb redis.UniversalClient, opts []Option) *Client {
 	c := &Client{
 		rdb:          rdb,
 		cfg:          config{}.apply(opts),
@@ -85,9 +97,6 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	c.bg, c.stop = context.WithCancel(context.Background())
 	c.cleanup, c.stopCleanup = context.WithCancel(context.Background())
 	c.err = c.cfg.validate()
-	if isNil(rdb) {
-		c.err = fmt.Errorf("%w: nil Redis client", ErrInvalid)
-	}
 	c.log = c.cfg.logger
 	if c.log == nil {
 		c.log = slog.New(slog.DiscardHandler)
@@ -155,6 +164,9 @@ func (c *Client) Close(ctx context.Context) error {
 	c.stopCleanup()
 	for _, n := range nots {
 		n.close()
+	}
+	if c.rl != nil {
+		errs = append(errs, c.rl.close(ctx)) // the masters' Clients hold the leases
 	}
 	return join(errs...)
 }

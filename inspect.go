@@ -37,15 +37,28 @@ type LockInfo struct {
 	// Foreign is set when the lock's key holds something dlock did not write in its current
 	// layout: a value of another type, or a lock of another dlock version.
 	Foreign bool `json:"foreign,omitempty"`
+	// Masters is, for a Redlock Client (NewRedlock), the lock's state on each master in the
+	// order given, each naming its Master (address, or "master <i>") and, when it could not be
+	// read, the Error. The fields above are then the quorum's view: Held when a quorum of
+	// masters hold the lock for one Owner, TTL the time a quorum of them still hold it, Token
+	// the highest of their tokens (a lease's token), Waiters the longest queue.
+	Masters []LockInfo `json:"masters,omitempty"`
+	Master  string     `json:"master,omitempty"`
+	Error   string     `json:"error,omitempty"`
 }
 
 // Inspect reads the state of the lock called name (with this Client's key prefix) in one
 // round trip. A free lock is reported with Held false and Token 0 (a lock leaves no state in
 // Redis once free and unwaited for). It returns ErrInvalid for a bad name and the Redis error
-// (matching ErrUnavailable when Redis gave no answer) if the read fails.
+// (matching ErrUnavailable when Redis gave no answer) if the read fails. On a Redlock Client
+// it reads every master at once (see LockInfo.Masters) and returns the error only when fewer
+// than a quorum of them answered, with what the others said.
 func (c *Client) Inspect(ctx context.Context, name string) (LockInfo, error) {
 	if err := c.adminCheck(name); err != nil {
 		return LockInfo{}, err
+	}
+	if c.rl != nil {
+		return c.rl.inspect(ctx, name)
 	}
 	k := lockKeys(c.cfg.keyPrefix(), name)
 	var fields *redis.MapStringStringCmd
@@ -101,9 +114,10 @@ func (c *Client) Inspect(ctx context.Context, name string) (LockInfo, error) {
 // ("*" for all) and that have state in Redis, by name: held, waited for, or recently used (a
 // lock's keys are gone within a minute of its last use, see docs/DESIGN.md). A lock that is
 // free and forgotten is not listed. It uses SCAN (never KEYS), on every master of a Cluster.
+// A Redlock Client returns an error matching errors.ErrUnsupported.
 func (c *Client) Locks(ctx context.Context, pattern string) ([]LockInfo, error) {
-	if c.err != nil {
-		return nil, c.err
+	if err := join(c.unsupported("Locks"), c.err); err != nil {
+		return nil, err
 	}
 	if pattern == "" {
 		pattern = "*"
@@ -153,10 +167,15 @@ func (c *Client) Locks(ctx context.Context, pattern string) ([]LockInfo, error) 
 // ForceRelease breaks the lock called name whoever holds it, as an operator would with
 // redis-cli, but cleanly: the lock goes to the first live waiter, or is freed. The holder's
 // Lease ends as lost (Done closes, Err wraps ErrLeaseLost) once it notices, within a
-// millisecond when push loss detection is on. It reports whether the lock was held.
+// millisecond when push loss detection is on. It reports whether the lock was held. On a
+// Redlock Client it breaks the lock on every master at once and reports whether any held it,
+// with the errors of those it could not reach.
 func (c *Client) ForceRelease(ctx context.Context, name string) (bool, error) {
 	if err := c.adminCheck(name); err != nil {
 		return false, err
+	}
+	if c.rl != nil {
+		return c.rl.forceRelease(ctx, name)
 	}
 	k := lockKeys(c.cfg.keyPrefix(), name)
 	n, err := scripts.ForceRelease.Run(ctx, c.rdb, []string{k.lock, k.opLog, k.fence, k.queue, k.live},

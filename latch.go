@@ -51,7 +51,7 @@ func (c *Client) Latch(name string, opts ...Option) *Latch {
 	if cfg.ttlSet {
 		d.ttl = cfg.ttl
 	}
-	d.err = join(c.err, validateName(name), cfg.validate())
+	d.err = join(c.unsupported("Latch"), c.err, validateName(name), cfg.validate())
 	return d
 }
 

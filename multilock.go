@@ -74,7 +74,7 @@ type MultiLock struct {
 func (c *Client) MultiLock(names []string, opts ...Option) *MultiLock {
 	ml := &MultiLock{c: c, names: slices.Sorted(slices.Values(names)), cfg: c.cfg.apply(opts)}
 	ml.ids.init(ml.cfg)
-	errs := []error{c.err, ml.cfg.validate()}
+	errs := []error{c.unsupported("MultiLock"), c.err, ml.cfg.validate()}
 	if len(names) == 0 {
 		errs = append(errs, fmt.Errorf("%w: MultiLock of no names", ErrInvalid))
 	}
@@ -249,15 +249,21 @@ func (c *Client) pass(ctx context.Context, specs []holdSpec, taken []*hold, toge
 }
 
 // passStep makes a pass's attempt on member s. While the pass holds other members (holding)
-// it waits for the attempt at most multiStepTimeout, whatever go-redis's own timeouts (it
-// honours a context deadline only with ContextTimeoutEnabled): past it, the error is
-// ErrUnavailable with cause errSlowMember, and the attempt, which goes on in the background,
-// gives back a hold it gets (one whose reply is lost is undone as tryHold does).
+// it waits for the attempt at most multiStepTimeout (see tryHoldWithin): past it, the error
+// is ErrUnavailable with cause errSlowMember.
 func (c *Client) passStep(ctx context.Context, s holdSpec, holding bool) (*hold, error) {
 	if !holding {
 		h, _, err := c.tryHold(ctx, s, false)
 		return h, err
 	}
+	return c.tryHoldWithin(ctx, s, multiStepTimeout, errSlowMember)
+}
+
+// tryHoldWithin makes one attempt (tryHold, not queued) and waits for it at most d, whatever
+// go-redis's own timeouts (it honours a context deadline only with ContextTimeoutEnabled):
+// past d, the error is ErrUnavailable with cause slow, and the attempt, which goes on in the
+// background, gives back a hold it gets (one whose reply is lost is undone as tryHold does).
+func (c *Client) tryHoldWithin(ctx context.Context, s holdSpec, d time.Duration, slow error) (*hold, error) {
 	if !c.goBackground() {
 		return nil, fmt.Errorf("%w: lock %q", ErrClosed, s.name)
 	}
@@ -267,7 +273,7 @@ func (c *Client) passStep(ctx context.Context, s holdSpec, holding bool) (*hold,
 	}
 	done := make(chan result, 1)
 	var decided atomic.Bool // set by whichever comes first: the result, or the caller giving up
-	sctx, cancel := context.WithTimeout(ctx, multiStepTimeout)
+	sctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel() // once we have the result, or gave up on it
 	go func() {
 		defer c.wg.Done()
@@ -278,8 +284,8 @@ func (c *Client) passStep(ctx context.Context, s holdSpec, holding bool) (*hold,
 			c.giveBack([]*hold{h})
 		}
 	}()
-	slow := fmt.Errorf("%w: lock %q: %w within %v", ErrUnavailable, s.name, errSlowMember, multiStepTimeout)
-	t := time.NewTimer(multiStepTimeout)
+	tooSlow := fmt.Errorf("%w: lock %q: %w within %v", ErrUnavailable, s.name, slow, d)
+	t := time.NewTimer(d)
 	defer t.Stop()
 	var r result
 	got := false
@@ -294,12 +300,12 @@ func (c *Client) passStep(ctx context.Context, s holdSpec, holding bool) (*hold,
 			if err := ctx.Err(); err != nil {
 				return nil, notObtained(s.name, err)
 			}
-			return nil, slow
+			return nil, tooSlow
 		}
 		r = <-done // the result came first after all
 	}
 	if r.err != nil && ctx.Err() == nil && errors.Is(r.err, context.DeadlineExceeded) {
-		return nil, slow // cut short by the step's deadline (go-redis's ContextTimeoutEnabled)
+		return nil, tooSlow // cut short by the deadline (go-redis's ContextTimeoutEnabled)
 	}
 	return r.h, r.err
 }

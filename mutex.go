@@ -38,7 +38,7 @@ func (c *Client) Mutex(name string, opts ...Option) *Mutex {
 	m := &Mutex{c: c, name: name, cfg: c.cfg.apply(opts)}
 	m.ids.init(m.cfg)
 	m.err = join(c.err, validateName(name), m.cfg.validate())
-	if !m.cfg.ownerSet && !m.cfg.noCohort {
+	if !m.cfg.ownerSet && !m.cfg.noCohort && c.rl == nil {
 		// Only the lock key, to find the cohort: it holds the rest, once per lock.
 		m.keys = keys{lock: lockKey(m.cfg.keyPrefix(), name)}
 		m.cohort = m.keys.lock + cohortVariant(m.cfg)
@@ -103,5 +103,8 @@ func (m *Mutex) newCohort() *cohort { return m.c.mutexCohort(m) }
 // made for this call, so goroutines sharing the handle exclude each other.
 func (m *Mutex) plainLock(ctx context.Context, wait bool) (*Lease, error) {
 	s := holdSpec{name: m.name, keys: m.keys, cfg: m.cfg, owner: m.ids.call(), reentrant: m.cfg.ownerSet}
+	if m.c.rl != nil {
+		return m.c.redlockLease(ctx, m.ref(), s, wait, m.ids.call)
+	}
 	return m.c.plainLease(ctx, m.ref(), s, wait)
 }

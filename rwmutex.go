@@ -63,7 +63,7 @@ type RWMutex struct {
 func (c *Client) RWMutex(name string, opts ...Option) *RWMutex {
 	rw := &RWMutex{c: c, name: name, cfg: c.cfg.apply(opts)}
 	rw.ids.init(rw.cfg)
-	rw.err = join(c.err, validateName(name), rw.cfg.validate())
+	rw.err = join(c.unsupported("RWMutex"), c.err, validateName(name), rw.cfg.validate())
 	rw.keys = lockKeys(rw.cfg.keyPrefix(), name)
 	if !rw.cfg.ownerSet && !rw.cfg.noCohort {
 		rw.share = rw.keys.lock + cohortVariant(rw.cfg)

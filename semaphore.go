@@ -67,7 +67,7 @@ func (c *Client) Semaphore(name string, permits int, opts ...Option) *Semaphore 
 	if permits < 1 || permits > MaxPermits {
 		perr = fmt.Errorf("%w: semaphore %q: %d permits: must be 1 to %d", ErrInvalid, name, permits, MaxPermits)
 	}
-	s.err = join(c.err, validateName(name), perr, s.cfg.validate())
+	s.err = join(c.unsupported("Semaphore"), c.err, validateName(name), perr, s.cfg.validate())
 	s.keys = lockKeys(s.cfg.keyPrefix(), name)
 	if !s.cfg.ownerSet && !s.cfg.noCohort {
 		s.cohort = s.keys.lock + cohortVariant(s.cfg) + "#s" + strconv.Itoa(permits)

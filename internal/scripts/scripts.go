@@ -20,6 +20,8 @@ var (
 	releaseSrc string
 	//go:embed extend.lua
 	extendSrc string
+	//go:embed fence_floor.lua
+	fenceFloorSrc string
 	//go:embed fenced_set.lua
 	fencedSetSrc string
 	//go:embed force_release.lua
@@ -46,6 +48,8 @@ var (
 	ForceRelease = lockScript(forceReleaseSrc)
 	LatchSet     = lockScript(latchSetSrc)
 	LatchDown    = lockScript(latchDownSrc)
+	// FenceFloor needs nothing of the library, only the shebang's checks.
+	FenceFloor = redis.NewScript(shebang + fenceFloorSrc)
 	// FencedSet writes to a resource that may live on any Redis, so it has no shebang.
 	FencedSet = redis.NewScript(fencedSetSrc)
 )

@@ -1,0 +1,344 @@
+package dlock_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// redlockSet is n independent servers and a Redlock Client over them.
+type redlockSet struct {
+	servers []*redistest.Server
+	clients []*redis.Client // one per server, for the Redlock
+	raw     []*redis.Client // one per server, for the test's own reads
+	c       *dlock.Client
+}
+
+// startRedlock starts n servers (cfg for each, by index; nil for the zero Config) and a
+// Redlock Client over them with opts, all stopped at cleanup.
+func startRedlock(t *testing.T, n int, cfg func(i int) redistest.Config, opts ...dlock.Option) *redlockSet {
+	t.Helper()
+	set := &redlockSet{}
+	var masters []redis.UniversalClient
+	for i := range n {
+		var c redistest.Config
+		if cfg != nil {
+			c = cfg(i)
+		}
+		s := redistest.StartT(t, c)
+		rc, raw := s.Client(), s.Client()
+		t.Cleanup(func() { _ = rc.Close(); _ = raw.Close() })
+		set.servers = append(set.servers, s)
+		set.clients = append(set.clients, rc)
+		set.raw = append(set.raw, raw)
+		masters = append(masters, rc)
+	}
+	set.c = dlock.NewRedlock(masters, opts...)
+	t.Cleanup(func() { _ = set.c.Close(context.Background()) })
+	return set
+}
+
+// holders counts the masters on which the lock's key exists.
+func (set *redlockSet) holders(t *testing.T, name string) int {
+	t.Helper()
+	n := 0
+	for i, r := range set.raw {
+		if !set.servers[i].Running() {
+			continue
+		}
+		if r.Exists(context.Background(), lockKey(name)).Val() == 1 {
+			n++
+		}
+	}
+	return n
+}
+
+// Bad input gets ErrInvalid from every call, and primitives a Redlock does not serve say so
+// with errors.ErrUnsupported.
+func TestRedlockRefusesBadMastersAndOtherPrimitives(t *testing.T) {
+	ctx := ctxT(t)
+	a, b := redistest.Client(t), redistest.Client(t)
+	other := func() *redis.Client {
+		c := redistest.StartT(t, redistest.Config{}).Client()
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	cases := map[string][]redis.UniversalClient{
+		"two masters":      {a, other()},
+		"nil master":       {a, nil, other()},
+		"one server twice": {a, b, other()},
+	}
+	for what, masters := range cases {
+		c := dlock.NewRedlock(masters)
+		if _, err := c.Mutex("x").TryLock(ctx); !errors.Is(err, dlock.ErrInvalid) {
+			t.Errorf("%s: TryLock: %v, want ErrInvalid", what, err)
+		}
+		if _, err := c.Mutex("x").Lock(ctx); !errors.Is(err, dlock.ErrInvalid) {
+			t.Errorf("%s: Lock: %v, want ErrInvalid", what, err)
+		} else {
+			t.Logf("%s: %v", what, err)
+		}
+		_ = c.Close(ctx)
+	}
+	set := startRedlock(t, 3, nil)
+	for what, err := range map[string]error{
+		"RWMutex":   func() error { _, err := set.c.RWMutex("x").TryLock(ctx); return err }(),
+		"MultiLock": func() error { _, err := set.c.MultiLock([]string{"x"}).TryLock(ctx); return err }(),
+		"Semaphore": func() error { _, err := set.c.Semaphore("x", 2).TryAcquire(ctx, 1); return err }(),
+		"Latch":     func() error { _, err := set.c.Latch("x").TrySetCount(ctx, 1); return err }(),
+		"Locks":     func() error { _, err := set.c.Locks(ctx, "*"); return err }(),
+	} {
+		if !errors.Is(err, errors.ErrUnsupported) {
+			t.Errorf("%s on a Redlock Client: %v, want errors.ErrUnsupported", what, err)
+		}
+	}
+}
+
+// A Redlock lease holds the lock on every master that answers; another owner gets
+// ErrNotObtained; Unlock frees it everywhere.
+func TestRedlockExcludesAndReleasesEverywhere(t *testing.T) {
+	ctx := ctxT(t)
+	set := startRedlock(t, 5, nil)
+	name := redistest.Name(t)
+	l, err := set.c.Mutex(name).TryLock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := set.holders(t, name); n != 5 {
+		t.Fatalf("lock key on %d masters, want 5", n)
+	}
+	if l.Token() == 0 || l.Tokens()[name] != l.Token() {
+		t.Fatalf("token %d, tokens %v", l.Token(), l.Tokens())
+	}
+	if _, err := set.c.Mutex(name).TryLock(ctx); !errors.Is(err, dlock.ErrNotObtained) {
+		t.Fatalf("second TryLock: %v, want ErrNotObtained", err)
+	}
+	info, err := set.c.Inspect(ctx, name)
+	if err != nil || !info.Held || info.Owner != l.Owner() || info.Token != l.Token() || len(info.Masters) != 5 {
+		t.Fatalf("Inspect: %+v, %v", info, err)
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := set.holders(t, name); n != 0 {
+		t.Fatalf("lock key still on %d masters after Unlock", n)
+	}
+}
+
+// With two of five masters down a lease is still taken and held; with three down the lock
+// cannot be taken (ErrUnavailable), and a lease held when the third goes is lost.
+func TestRedlockStandsOnAQuorum(t *testing.T) {
+	ctx := ctxT(t)
+	set := startRedlock(t, 5, nil, dlock.WithTTL(600*time.Millisecond))
+	name := redistest.Name(t)
+	set.servers[1].Kill()
+	set.servers[3].Kill()
+	l, err := set.c.Mutex(name).Lock(ctx)
+	if err != nil {
+		t.Fatalf("Lock with 3 of 5 masters up: %v", err)
+	}
+	if n := set.holders(t, name); n != 3 {
+		t.Fatalf("lock key on %d masters, want 3", n)
+	}
+	// Several renewal periods later, it still holds (the renewals of the dead masters fail).
+	select {
+	case <-l.Done():
+		t.Fatalf("lease lost with a quorum up: %v", l.Err())
+	case <-time.After(time.Second):
+	}
+	if _, err := set.c.Mutex(name).TryLock(ctx); !errors.Is(err, dlock.ErrNotObtained) {
+		t.Fatalf("TryLock by another owner: %v, want ErrNotObtained", err)
+	}
+	set.servers[4].Kill()
+	waitDone(t, l, 2*time.Second)
+	if !errors.Is(l.Err(), dlock.ErrLeaseLost) {
+		t.Fatalf("lease after losing the quorum: %v, want ErrLeaseLost", l.Err())
+	}
+	if _, err := set.c.Mutex(name).TryLock(ctx); !errors.Is(err, dlock.ErrUnavailable) {
+		t.Fatalf("TryLock with 2 of 5 masters up: %v, want ErrUnavailable", err)
+	}
+}
+
+// A Lock waiting for a Redlock lease is woken when it is released and served in the order it
+// came: first waiter first.
+func TestRedlockWaitersAreServedInOrder(t *testing.T) {
+	ctx := ctxT(t)
+	set := startRedlock(t, 3, nil)
+	name := redistest.Name(t)
+	l, err := set.c.Mutex(name).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan string, 2)
+	leases := make(chan *dlock.Lease, 2)
+	for i, who := range []string{"first", "second"} {
+		go func() {
+			l, err := set.c.Mutex(name).Lock(ctx)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			got <- who
+			leases <- l
+		}()
+		// The waiter queues on the first master before the next one starts.
+		waitQueuedRaw(t, set.raw[0], name, i+1)
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if who := <-got; who != "first" {
+		t.Fatalf("%s waiter served first", who)
+	}
+	if err := (<-leases).Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if who := <-got; who != "second" {
+		t.Fatalf("%s waiter served second", who)
+	}
+	if err := (<-leases).Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitQueuedRaw waits until n owners queue for the lock on one server.
+func waitQueuedRaw(t *testing.T, r *redis.Client, name string, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for r.ZCard(context.Background(), lockKey(name)+":queue").Val() < int64(n) {
+		if time.Now().After(deadline) {
+			t.Fatalf("fewer than %d waiters queued for %q", n, name)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// Tokens never go backwards across Redlock leases even when the masters' counters differ and
+// the next lease is granted by another quorum: master 2's clock runs 10 s ahead, so its
+// tokens are the highest; the lease after it is taken without master 2.
+func TestRedlockTokensRiseAcrossQuorums(t *testing.T) {
+	ctx := ctxT(t)
+	set := startRedlock(t, 3, func(i int) redistest.Config {
+		if i == 2 {
+			return redistest.Config{ClockOffset: "+10s"}
+		}
+		return redistest.Config{}
+	})
+	name := redistest.Name(t)
+	l, err := set.c.Mutex(name).TryLock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := l.Token()
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	set.servers[2].Kill()
+	l, err = set.c.Mutex(name).TryLock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Unlock(ctx)
+	if l.Token() <= first {
+		t.Fatalf("token went back from %d to %d when the quorum changed", first, l.Token())
+	}
+}
+
+// A lease re-enters through its context, as a Mutex lease does, and Extend holds on a quorum.
+func TestRedlockReentryAndExtend(t *testing.T) {
+	ctx := ctxT(t)
+	set := startRedlock(t, 3, nil)
+	name := redistest.Name(t)
+	m := set.c.Mutex(name)
+	l, err := m.Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner, err := m.TryLock(l.Context())
+	if err != nil || inner.Token() != l.Token() {
+		t.Fatalf("re-entry: %v (token %d, outer %d)", err, inner.Token(), l.Token())
+	}
+	set.servers[0].Kill()
+	if err := l.Extend(ctx, time.Minute); err != nil {
+		t.Fatalf("Extend with 2 of 3 masters: %v", err)
+	}
+	if d := l.Remaining(); d < 50*time.Second {
+		t.Fatalf("Remaining after Extend: %v", d)
+	}
+	if err := inner.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := set.holders(t, name); n != 2 {
+		t.Fatalf("inner Unlock let go: key on %d masters", n)
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatalf("Unlock with 2 of 3 masters: %v", err)
+	}
+	if n := set.holders(t, name); n != 0 {
+		t.Fatalf("key on %d masters after Unlock", n)
+	}
+}
+
+// Close ends a Redlock's leases with ErrClosed and frees the lock on its masters.
+func TestRedlockClose(t *testing.T) {
+	ctx := ctxT(t)
+	set := startRedlock(t, 3, nil)
+	name := redistest.Name(t)
+	l, err := set.c.Mutex(name).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := set.c.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitDone(t, l, time.Second)
+	if !errors.Is(l.Err(), dlock.ErrClosed) {
+		t.Fatalf("lease after Close: %v", l.Err())
+	}
+	if n := set.holders(t, name); n != 0 {
+		t.Fatalf("key on %d masters after Close", n)
+	}
+	if _, err := set.c.Mutex(name).TryLock(ctx); !errors.Is(err, dlock.ErrClosed) {
+		t.Fatalf("TryLock after Close: %v", err)
+	}
+}
+
+// A released Redlock lock goes to the waiter, not back to its releaser: the first master's
+// FIFO decides, whatever the other masters (free after the release) would allow.
+func TestRedlockReleaserDoesNotOvertakeTheWaiter(t *testing.T) {
+	ctx := ctxT(t)
+	set := startRedlock(t, 3, nil)
+	name := redistest.Name(t)
+	m := set.c.Mutex(name)
+	for round := range 5 {
+		l, err := m.Lock(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan *dlock.Lease, 1)
+		go func() {
+			w, err := m.Lock(ctx)
+			if err != nil {
+				t.Error(err)
+			}
+			got <- w
+		}()
+		waitQueuedRaw(t, set.raw[0], name, 1)
+		if err := l.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if again, err := m.TryLock(ctx); !errors.Is(err, dlock.ErrNotObtained) {
+			t.Fatalf("round %d: the releaser took the lock again ahead of its waiter: %v", round, err)
+			_ = again.Unlock(ctx)
+		}
+		w := <-got
+		if err := w.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
