@@ -34,7 +34,8 @@ Usage:
 
 Every command that talks to Redis takes:
   --redis URL     redis://, rediss://, unix://, redis+cluster://, redis+sentinel:// (default
-                  $REDIS_URL; the demo starts a throwaway redis-server when neither is set)
+                  $REDIS_URL; the demo starts a throwaway redis-server when neither is set);
+                  repeated 3 times or more: a Redlock over independent masters (locks only)
   --prefix P      key prefix of the locks (default "dlock:")
 
 Run 'dlock COMMAND -h' for a command's flags.
@@ -78,14 +79,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 // commonFlags are the flags of every command that talks to Redis.
 type commonFlags struct {
-	redis, prefix string
+	redis  nameList // one URL, or a Redlock's masters
+	prefix string
 }
 
 func newFlagSet(name, synopsis string, stderr io.Writer) (*flag.FlagSet, *commonFlags) {
 	fs := flag.NewFlagSet("dlock "+name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	c := &commonFlags{}
-	fs.StringVar(&c.redis, "redis", "", "Redis URL (default $REDIS_URL)")
+	fs.Var(&c.redis, "redis", "Redis URL (default $REDIS_URL); repeat it, 3 times or more, for a Redlock over independent masters")
 	fs.StringVar(&c.prefix, "prefix", "dlock:", "key prefix of the locks")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: dlock %s\n\n", synopsis)

@@ -407,3 +407,65 @@ func TestRunMultiLock(t *testing.T) {
 		t.Fatalf("run NAME echo x -- y: exit %d, out %q, %s", code, out, errs)
 	}
 }
+
+// `run` with --redis repeated takes a Redlock over the masters; `status` shows each master's
+// state; a second run is refused; two --redis are a usage error.
+func TestRunOnARedlock(t *testing.T) {
+	var flags []string
+	for range 3 {
+		flags = append(flags, "--redis", redistest.StartT(t, redistest.Config{}).URL())
+	}
+	name := uniqueName(t)
+	dir := t.TempDir()
+	holding := exec.Command(os.Args[0], append(append([]string{"run"}, flags...), name, "--", "sh", "-c",
+		`echo "$DLOCK_TOKEN" > `+dir+`/token; sleep 30`)...)
+	holding.Env = append(os.Environ(), asCLI+"=1")
+	if err := holding.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = holding.Process.Signal(syscall.SIGTERM); _ = holding.Wait() }()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if b, err := os.ReadFile(dir + "/token"); err == nil && len(bytes.TrimSpace(b)) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the Redlock run did not start its command")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	code, out, errs := runDlock(t, append(append([]string{"status"}, flags...), name)...)
+	if code != 0 || len(regexp.MustCompile(`(?m)^/\S+\s+held\s`).FindAllString(out, -1)) != 3 || !regexp.MustCompile(`state:\s+held`).MatchString(out) {
+		t.Fatalf("status exit %d:\n%s%s", code, out, errs)
+	}
+	t.Logf("status:\n%s", out)
+	if code, _, errs := runDlock(t, append(append([]string{"run", "--no-wait"}, flags...), name, "--", "true")...); code != exitConflict {
+		t.Fatalf("second run exit %d, want %d: %s", code, exitConflict, errs)
+	}
+	if code, _, errs := runDlock(t, "run", "--redis", "redis://127.0.0.1:1", "--redis", "redis://127.0.0.1:2", name, "--", "true"); code != exitUsage || !strings.Contains(errs, "at least 3") {
+		t.Fatalf("two --redis: exit %d: %s", code, errs)
+	}
+}
+
+// --replica-ack N[/TIMEOUT] takes the lock only once a replica acknowledged it; a bad value
+// is a usage error.
+func TestRunReplicaAck(t *testing.T) {
+	master := redistest.StartT(t, redistest.Config{TCP: true})
+	host, port, _ := strings.Cut(master.Addr, ":")
+	replica := redistest.StartT(t, redistest.Config{TCP: true, Args: []string{"--replicaof", host, port}})
+	if err := master.AwaitReplicated(replica, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	name := uniqueName(t)
+	if code, _, errs := runDlock(t, "run", "--redis", master.URL(), "--replica-ack", "1/2s", name, "--", "true"); code != 0 {
+		t.Fatalf("run --replica-ack 1/2s: exit %d: %s", code, errs)
+	}
+	if code, _, errs := runDlock(t, "run", "--redis", master.URL(), "--replica-ack", "2/100ms", name, "--", "true"); code != exitError || !strings.Contains(errs, "replica") {
+		t.Fatalf("run --replica-ack 2 with one replica: exit %d: %s", code, errs)
+	}
+	for _, bad := range []string{"0", "x", "1/", "1/0s", "-1/1s"} {
+		if code, _, errs := runDlock(t, "run", "--replica-ack", bad, name, "--", "true"); code != exitUsage {
+			t.Errorf("--replica-ack %q: exit %d: %s", bad, code, errs)
+		}
+	}
+}

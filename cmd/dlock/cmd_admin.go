@@ -20,7 +20,7 @@ func withAdmin(c *commonFlags, f func(ctx context.Context, dl *dlock.Client) err
 		return err
 	}
 	defer conn.close()
-	dl := dlock.New(conn.rdb, dlock.WithKeyPrefix(c.prefix))
+	dl := conn.client(dlock.WithKeyPrefix(c.prefix))
 	defer dl.Close(context.Background())
 	ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
 	defer cancel()
@@ -41,12 +41,18 @@ func statusCommand(args []string, stdout, stderr io.Writer) error {
 		info, err = dl.Inspect(ctx, fs.Arg(0))
 		return err
 	})
-	if err != nil {
+	if err != nil && len(info.Masters) == 0 {
 		return err
 	}
+	// A Redlock's masters are shown even when too few answered: that is what to look at then.
 	if *asJSON {
-		return json.NewEncoder(stdout).Encode(info)
+		return cmpOr(json.NewEncoder(stdout).Encode(info), err)
 	}
+	defer func() {
+		if len(info.Masters) > 0 {
+			printMasters(stdout, info.Masters)
+		}
+	}()
 	tw := tabwriter.NewWriter(stdout, 0, 0, 1, ' ', 0)
 	fmt.Fprintf(tw, "name:\t%s\n", info.Name)
 	switch {
@@ -68,7 +74,33 @@ func statusCommand(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(tw, "state:\tfree (no state in Redis)\n")
 	}
 	fmt.Fprintf(tw, "waiters:\t%d\n", info.Waiters)
-	return tw.Flush()
+	return cmpOr(tw.Flush(), err)
+}
+
+// printMasters shows a Redlock lock's state on each master.
+func printMasters(w io.Writer, masters []dlock.LockInfo) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "\nMASTER\tSTATE\tOWNER\tTTL\tTOKEN\tWAITERS\n")
+	for _, m := range masters {
+		state, owner, ttl := "free", "-", "-"
+		switch {
+		case m.Error != "":
+			state = "unreachable: " + m.Error
+		case m.Foreign:
+			state, ttl = "foreign", fmtTTL(m.TTL)
+		case m.Held:
+			state, owner, ttl = "held", m.Owner, fmtTTL(m.TTL)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\n", m.Master, state, owner, ttl, m.Token, m.Waiters)
+	}
+	_ = tw.Flush()
+}
+
+func cmpOr(a, b error) error {
+	if a != nil {
+		return a
+	}
+	return b
 }
 
 func listCommand(args []string, stdout, stderr io.Writer) error {

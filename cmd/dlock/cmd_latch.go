@@ -44,7 +44,7 @@ func latchCommand(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer conn.close()
-	dl := dlock.New(conn.rdb, dlock.WithKeyPrefix(common.prefix))
+	dl := conn.client(dlock.WithKeyPrefix(common.prefix))
 	defer dl.Close(context.Background())
 	d := dl.Latch(name, dlock.WithTTL(*ttl))
 	ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)

@@ -32,6 +32,7 @@ func runCommand(args []string, stdout, stderr io.Writer) int {
 	read := fs.Bool("read", false, "take NAME as a read-write lock, to read: shared with other --read runs")
 	write := fs.Bool("write", false, "take NAME as a read-write lock, to write: alone, excluding --read runs")
 	permits := fs.Int("permits", 0, "take one permit of NAME as a semaphore of this many: at most that many runs at once")
+	replicaAck := fs.String("replica-ack", "", "N[/TIMEOUT]: the lock counts only once N replicas acknowledged it, within TIMEOUT (default "+defaultAckTimeout.String()+")")
 	var locks nameList
 	fs.Var(&locks, "lock", "a lock to take (repeat it: the locks are taken together, all or nothing); replaces NAME")
 	if err := parse(fs, args); err != nil {
@@ -65,6 +66,10 @@ func runCommand(args []string, stdout, stderr io.Writer) int {
 	if *wait < 0 || *grace < 0 {
 		return report(usageError{"--wait and --grace must not be negative", ""}, stderr)
 	}
+	ackN, ackTimeout, err := parseReplicaAck(*replicaAck)
+	if err != nil {
+		return report(err, stderr)
+	}
 
 	conn, err := connect(common.redis, false)
 	if err != nil {
@@ -75,7 +80,10 @@ func runCommand(args []string, stdout, stderr io.Writer) int {
 	if *owner != "" {
 		opts = append(opts, dlock.WithOwner(*owner))
 	}
-	dl := dlock.New(conn.rdb, opts...)
+	if ackN > 0 {
+		opts = append(opts, dlock.WithReplicaAck(ackN, ackTimeout))
+	}
+	dl := conn.client(opts...)
 	defer dl.Close(context.Background())
 	var m locker = dl.Mutex(name)
 	switch {
@@ -179,6 +187,31 @@ func runCommand(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	return code
+}
+
+// defaultAckTimeout is --replica-ack's timeout when it names none.
+const defaultAckTimeout = 100 * time.Millisecond
+
+// parseReplicaAck parses --replica-ack N[/TIMEOUT] ("" is off).
+func parseReplicaAck(v string) (int, time.Duration, error) {
+	if v == "" {
+		return 0, 0, nil
+	}
+	bad := func(why string) (int, time.Duration, error) {
+		return 0, 0, usageError{fmt.Sprintf("--replica-ack %q: %s", v, why), "--replica-ack 1 or --replica-ack 2/250ms"}
+	}
+	ns, ts, hasTimeout := strings.Cut(v, "/")
+	n, err := strconv.Atoi(ns)
+	if err != nil || n < 1 {
+		return bad("N must be a number of replicas, at least 1")
+	}
+	d := defaultAckTimeout
+	if hasTimeout {
+		if d, err = time.ParseDuration(ts); err != nil || d < time.Millisecond {
+			return bad("TIMEOUT must be a duration of at least 1ms, such as 250ms")
+		}
+	}
+	return n, d, nil
 }
 
 // names collects a repeated string flag.

@@ -7,48 +7,73 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/internal/redisserver"
 	"github.com/redis/go-redis/v9"
 )
 
-// connection is where the CLI's Redis is, and the throwaway server behind it if it started one.
+// connection is where the CLI's Redis is: one deployment, or the independent masters of a
+// Redlock (--redis repeated), and the throwaway server behind it if it started one.
 type connection struct {
-	url    string
-	rdb    redis.UniversalClient
-	server *redisserver.Server
+	url     string
+	rdb     redis.UniversalClient   // the deployment, or the first master
+	masters []redis.UniversalClient // every --redis, in order (one for a single deployment)
+	server  *redisserver.Server
 }
 
 const urlHint = "use redis://[user:pass@]host:port/db, rediss://... (TLS), unix:///path/redis.sock, " +
 	"redis+cluster://host:port?addr=host2:port2 or redis+sentinel://host:26379?master_name=NAME"
 
-// connect resolves --redis / REDIS_URL and checks that Redis answers. With neither set and
-// throwaway true, it starts a private redis-server in a temp dir (removed by close).
-func connect(flagURL string, throwaway bool) (*connection, error) {
-	url := flagURL
-	if url == "" {
-		url = os.Getenv("REDIS_URL")
+// connect resolves --redis (repeated: a Redlock's masters) or REDIS_URL and checks that Redis
+// answers: every master of a Redlock must answer at start, so a typo is not taken for a
+// master that is down. With neither set and throwaway true, it starts a private redis-server
+// in a temp dir (removed by close).
+func connect(flagURLs []string, throwaway bool) (*connection, error) {
+	urls := flagURLs
+	if len(urls) == 0 && os.Getenv("REDIS_URL") != "" {
+		urls = []string{os.Getenv("REDIS_URL")}
 	}
-	if url == "" && throwaway {
+	if len(urls) == 0 && throwaway {
 		s, err := redisserver.Start(redisserver.Config{})
 		if err != nil {
 			return nil, hinted{err, "install redis-server (`apt-get install -y redis-server` on Debian) or point --redis / REDIS_URL at a running Redis"}
 		}
-		return &connection{url: s.URL(), rdb: s.Client(), server: s}, nil
+		rdb := s.Client()
+		return &connection{url: s.URL(), rdb: rdb, masters: []redis.UniversalClient{rdb}, server: s}, nil
 	}
-	if url == "" {
+	if len(urls) == 0 {
 		return nil, usageError{"no Redis given", "pass --redis URL or set REDIS_URL (" + urlHint + ")"}
 	}
-	rdb, err := openURL(url)
-	if err != nil {
-		return nil, usageError{fmt.Sprintf("bad Redis URL %q: %v", url, err), urlHint}
+	if len(urls) == 2 {
+		return nil, usageError{"two --redis URLs: a Redlock needs at least 3 independent masters", "give one --redis for one deployment, or 3 or more (5 is usual) for a Redlock"}
 	}
+	c := &connection{url: strings.Join(urls, " ")}
+	for _, url := range urls {
+		rdb, err := openURL(url)
+		if err != nil {
+			c.close()
+			return nil, usageError{fmt.Sprintf("bad Redis URL %q: %v", url, err), urlHint}
+		}
+		c.masters = append(c.masters, rdb)
+	}
+	c.rdb = c.masters[0]
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
-	if err := rdb.Ping(ctx).Err(); err != nil {
-		_ = rdb.Close()
-		return nil, hinted{fmt.Errorf("cannot reach Redis at %s: %w", url, err), "check that Redis is running and the URL is right"}
+	for i, rdb := range c.masters {
+		if err := rdb.Ping(ctx).Err(); err != nil {
+			c.close()
+			return nil, hinted{fmt.Errorf("cannot reach Redis at %s: %w", urls[i], err), "check that Redis is running and the URL is right"}
+		}
 	}
-	return &connection{url: url, rdb: rdb}, nil
+	return c, nil
+}
+
+// client makes the dlock Client over the connection: a Redlock's when --redis was repeated.
+func (c *connection) client(opts ...dlock.Option) *dlock.Client {
+	if len(c.masters) > 1 {
+		return dlock.NewRedlock(c.masters, opts...)
+	}
+	return dlock.New(c.rdb, opts...)
 }
 
 // openURL makes a client for a redis://, rediss://, unix://, redis+cluster:// or
@@ -76,7 +101,9 @@ func openURL(url string) (redis.UniversalClient, error) {
 }
 
 func (c *connection) close() {
-	_ = c.rdb.Close()
+	for _, rdb := range c.masters {
+		_ = rdb.Close()
+	}
 	if c.server != nil {
 		c.server.Stop()
 	}

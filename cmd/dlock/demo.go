@@ -96,7 +96,11 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 		}
 		names = []string{fs.Arg(0)}
 	}
-	conn, err := connect(*redisURL, true)
+	var urls []string
+	if *redisURL != "" {
+		urls = []string{*redisURL}
+	}
+	conn, err := connect(urls, true)
 	if err != nil {
 		return err
 	}
