@@ -66,6 +66,14 @@ func (h *hold) liveTTL() time.Duration {
 	return h.ttl
 }
 
+// wasGranted reports whether a release handed the hold over (startGranted) and it has not
+// been renewed yet: it was waited for.
+func (h *hold) wasGranted() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.grantTTL > 0
+}
+
 // setOnEnd installs f, called once and outside any lock when the hold ends other than by a
 // release its user asked for (err then wraps ErrLeaseLost, or is ErrClosed). If the hold has
 // already ended, f is not installed and setOnEnd reports the end instead.

@@ -85,6 +85,32 @@ func masterID(m redis.UniversalClient) string {
 type redlock struct {
 	nodes  []*Client
 	quorum int
+
+	mu        sync.Mutex
+	contended map[string]bool // locks whose last acquisition had to wait (bounded, see waited)
+}
+
+// maxContended bounds redlock.contended: past it the hints start over.
+const maxContended = 4096
+
+// waited records whether the last acquisition of lock had to wait.
+func (r *redlock) waited(lock string, yes bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch {
+	case !yes:
+		delete(r.contended, lock)
+	case r.contended == nil || len(r.contended) >= maxContended:
+		r.contended = map[string]bool{lock: true}
+	default:
+		r.contended[lock] = true
+	}
+}
+
+func (r *redlock) wasContended(lock string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.contended[lock]
 }
 
 // close closes every master's Client at once: their leases end with ErrClosed.
@@ -139,7 +165,25 @@ func (r *redlock) take(ctx context.Context, c *Client, s holdSpec, wait bool, ne
 		}
 	}
 	backoff := time.Duration(0)
-	for {
+	ws := s
+	ws.failFast = true
+	granted := false // the first master was handed over by a release (it was waited for)
+	if wait && r.wasContended(s.keys.lock) {
+		// The lock was waited for last time (a loop of Lock calls, each right after the
+		// previous lease's Unlock handed it on): queue on the first master at once. A pass
+		// would take the other masters ahead of the waiter the release woke, only to give
+		// them back when it finds the first master granted to that waiter.
+		h, err := r.nodes[0].waitHold(ctx, ws, true)
+		switch {
+		case err == nil:
+			held[0] = h
+			granted = h.wasGranted()
+		case errors.Is(err, ErrUnavailable) && ctx.Err() == nil: // the passes go on without it
+		default:
+			return nil, 0, err
+		}
+	}
+	for first := true; ; first = false {
 		if err := c.checkOpen(); err != nil {
 			giveBack(0)
 			return nil, 0, fmt.Errorf("%w: lock %q", err, s.name)
@@ -190,6 +234,9 @@ func (r *redlock) take(ctx context.Context, c *Client, s holdSpec, wait bool, ne
 		if n >= r.quorum && held[ticket] != nil {
 			token, err := r.raiseFence(ctx, s, held)
 			if err == nil {
+				if wait {
+					r.waited(s.keys.lock, !first || granted)
+				}
 				hs := slices.DeleteFunc(slices.Clone(held), func(h *hold) bool { return h == nil })
 				return hs, token, nil
 			}
@@ -228,8 +275,6 @@ func (r *redlock) take(ctx context.Context, c *Client, s holdSpec, wait bool, ne
 		} else {
 			giveBack(j + 1)
 		}
-		ws := s
-		ws.failFast = true
 		h, err := r.nodes[j].waitHold(ctx, ws, true)
 		switch {
 		case err == nil:

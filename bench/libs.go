@@ -48,6 +48,8 @@ type env struct {
 	redisURL string
 	rdb      *redis.Client // the process's go-redis client (also used for critical sections)
 	pgURL    string
+	masters  []*redis.Client // replication runs: independent masters, the main server first
+	ackRdb   *redis.Client   // replication runs: a master with a replica
 }
 
 // lib is one library set up in one process.
@@ -66,6 +68,9 @@ type locker interface {
 func newLib(name string, e *env) (lib, error) {
 	if l := newSemLib(name, e); l != nil {
 		return l, nil
+	}
+	if l, err := newReplLib(name, e); l != nil || err != nil {
+		return l, err
 	}
 	switch name {
 	case "dlock":

@@ -149,6 +149,7 @@ type driver struct {
 	began    time.Time
 	machine  machineInfo
 	results  []*runResult
+	repl     *replServers // the replication runs' extra servers, started on first use
 }
 
 func newDriver(dur time.Duration) (*driver, error) {
@@ -239,6 +240,10 @@ func (d *driver) close() {
 	if d.server != nil {
 		d.server.Stop()
 		d.server = nil
+	}
+	if d.repl != nil {
+		d.repl.stop()
+		d.repl = nil
 	}
 	if d.tmp != "" {
 		_ = os.RemoveAll(d.tmp)
@@ -438,11 +443,26 @@ func (d *driver) runLoop(idx int, pr plannedRun) *runResult {
 	ws := make([]*workerProc, sc.Procs)
 	defer finishAll(ws, 5*time.Second) // a no-op when the run got that far itself
 	paths := make([]string, sc.Procs)
+	var masters []string
+	var ackURL string
+	if needsMasters(pr.lib) || needsAck(pr.lib) {
+		var err error
+		if masters, ackURL, err = d.replication(); err != nil {
+			r.Failed = "starting the replication runs' servers: " + err.Error()
+			return r
+		}
+		if !needsMasters(pr.lib) {
+			masters = nil
+		}
+		if !needsAck(pr.lib) {
+			ackURL = ""
+		}
+	}
 	for i := range ws {
 		paths[i] = filepath.Join(d.tmp, fmt.Sprintf("%s-%d.gob", prefix, i))
 		w, err := d.spawn(workerSpec{Mode: modeLoop, Lib: pr.lib, RedisURL: d.redisURL, PGURL: d.pgURL,
 			Proc: i, Goroutines: sc.Goroutines, Keying: sc.Keying, CS: sc.CS, Workload: sc.Workload, Prefix: prefix,
-			Duration: d.dur, ResultPath: paths[i]})
+			Duration: d.dur, ResultPath: paths[i], Masters: masters, AckURL: ackURL})
 		if err != nil {
 			r.Failed = err.Error()
 			return r

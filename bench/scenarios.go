@@ -59,6 +59,12 @@ var scenarios = []scenario{
 		Procs: 4, Goroutines: 8, Keying: keyShared, CS: csGetSet, Workload: workRW, Libs: rwLibs},
 	{ID: "multi-4x8", Title: "11. Multi-lock 4×8: 4 processes × 8 goroutines, each operation takes 2–3 random names of 16, GET+SET of each name's counter",
 		Procs: 4, Goroutines: 8, Keying: "2–3 of 16", CS: csGetSet, Workload: workMulti, Libs: multiLibs},
+	{ID: replUncontendedID, Title: "13. Replication safety, uncontended: 1 process × 1 goroutine, a fresh key per operation, empty critical section",
+		Procs: 1, Goroutines: 1, Keying: keyFresh, CS: csNone, Libs: replLibs,
+		Note: "**dlock-ack1**: `WithReplicaAck(1, 1s)` on a master with one replica (loopback). **dlock-redlock3/5**: `NewRedlock` over 3 / 5 independent servers (loopback; the main server is the first). **redsync-3/5**: redsync with 3 / 5 pools on the same servers."},
+	{ID: redlockID, Title: "14. Redlock contended 4×8: 4 processes × 8 goroutines, one key on 5 independent masters, critical section GET+SET",
+		Procs: 4, Goroutines: 8, Keying: keyShared, CS: csGetSet, Libs: redlockLibs,
+		Note: "The critical section's counter is on the main server. **redsync-5-1ms**: `WithRetryDelay(1ms)`, `WithTries(1<<20)`."},
 	{ID: semID, Title: "12. Semaphore 4×8: 4 processes × 8 goroutines, one semaphore of 4 permits, GET + sleep 2ms + SET of the holder's own counter",
 		Procs: 4, Goroutines: 8, Keying: keySemOwn, CS: csGetWait, Libs: semLibs},
 }

@@ -48,6 +48,8 @@ type workerSpec struct {
 	LockName   string        `json:"lock_name,omitempty"` // killwait
 	Keys       int           `json:"keys,omitempty"`      // memory
 	PerKey     int           `json:"per_key,omitempty"`   // memory
+	Masters    []string      `json:"masters,omitempty"`   // replication runs (redlock.go)
+	AckURL     string        `json:"ack_url,omitempty"`   // replication runs (redlock.go)
 }
 
 // workerResult is what a loop worker reports (gob file: it can hold 10^5 samples).
@@ -173,6 +175,11 @@ func loopWorker(spec workerSpec, in *bufio.Scanner) error {
 	e := &env{redisURL: spec.RedisURL, rdb: rdb, pgURL: spec.PGURL}
 	setupCtx, cancelSetup := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancelSetup()
+	closeRepl, err := connectRepl(setupCtx, spec, e, spec.Goroutines+8)
+	if err != nil {
+		return fail(err)
+	}
+	defer closeRepl()
 	l, err := newLib(spec.Lib, e)
 	if err != nil {
 		return fail(err)
