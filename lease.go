@@ -53,6 +53,7 @@ type holding struct {
 	// need is how many of the holds must be held for the holding to be: all of them (a
 	// MultiLock's members), or a quorum of a Redlock's masters.
 	need  int
+	owner string // a Redlock's: the call's owner id (a master's hold may have it in a later epoch)
 	co    sharer // non-nil when h is a Client's hold shared by its goroutines (the sharer's)
 	token uint64
 
@@ -268,6 +269,9 @@ func (l *Lease) Owner() string {
 	if l == nil {
 		return ""
 	}
+	if l.hd.owner != "" {
+		return l.hd.owner
+	}
 	return l.hd.h.owner
 }
 
@@ -365,9 +369,13 @@ func (l *Lease) TTL() time.Duration {
 	if l == nil {
 		return 0
 	}
-	l.hd.h.mu.Lock()
-	defer l.hd.h.mu.Unlock()
-	return l.hd.h.ttl
+	var ttl time.Duration
+	for _, h := range l.hd.holds() { // the longest: a Redlock master that missed an Extend lags
+		h.mu.Lock()
+		ttl = max(ttl, h.ttl)
+		h.mu.Unlock()
+	}
+	return ttl
 }
 
 // Extend makes the lock's TTL in Redis at least ttl from now, if the lease is still held;
@@ -395,28 +403,36 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	}
 	ttl = ttl.Truncate(time.Millisecond)
 	hs := l.hd.holds()
-	errs := make([]error, len(hs))
-	var wg sync.WaitGroup
-	for i, h := range hs { // at once: a MultiLock's members and a Redlock's masters are apart
-		if !h.isHeld() {
-			errs[i] = h.lossErr() // a Redlock master lost while the quorum holds
-			continue
+	// At once: a MultiLock's members and a Redlock's masters are apart. It returns as soon as
+	// the outcome is known, so a silent Redlock master does not hold up a quorum's answer (its
+	// call goes on in the background).
+	results := make(chan error, len(hs))
+	var errs []error
+	running := 0
+	for _, h := range hs {
+		switch {
+		case !h.isHeld():
+			errs = append(errs, h.lossErr()) // a Redlock master lost while the quorum holds
+		case !h.c.goBackground():
+			errs = append(errs, fmt.Errorf("%w: lock %q", ErrClosed, h.name))
+		default:
+			running++
+			go func() {
+				defer h.c.wg.Done()
+				results <- h.extend(ctx, ttl)
+			}()
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = h.extend(ctx, ttl)
-		}()
-	}
-	wg.Wait()
-	if herr := l.heldErr(); herr != nil {
-		return herr
 	}
 	ok := 0
-	for _, err := range errs {
-		if err == nil {
+	for ; running > 0 && ok < l.hd.need && len(errs) <= len(hs)-l.hd.need; running-- {
+		if err := <-results; err != nil {
+			errs = append(errs, err)
+		} else {
 			ok++
 		}
+	}
+	if herr := l.heldErr(); herr != nil {
+		return herr
 	}
 	if ok >= l.hd.need {
 		return nil

@@ -68,29 +68,63 @@ func (l *Lease) unlockAll(ctx context.Context) error {
 // are short of the need, a later Unlock retries them at once (the lease keeps them) and the
 // error is returned.
 func (l *Lease) releaseMembers(ctx context.Context, hs []*hold, lost error) error {
-	ns, rerrs := releaseAll(ctx, hs)
-	var errs []error
-	var failed []*hold
-	ok := 0
-	for i, h := range hs {
+	type result struct {
+		h   *hold
+		n   int
+		err error
+	}
+	// settle ends h by its release's answer (a straggler settles itself after Unlock returned).
+	settle := func(h *hold, n int, err error) {
 		switch {
-		case rerrs[i] != nil:
+		case err != nil:
 			h.end(nil, false)
 			h.releaseLater()
-			failed = append(failed, h)
-			errs = append(errs, redisErr("unlock", h.name, rerrs[i]))
-		case ns[i] == 0:
-			gone := leaseLost(h.name, errKeyGone)
-			h.end(gone, false)
-			lost = cmpOr(lost, gone)
+		case n == 0:
+			h.end(leaseLost(h.name, errKeyGone), false)
 		default:
 			h.end(nil, false)
-			ok++
+		}
+	}
+	results := make(chan result, len(hs))
+	for _, h := range hs {
+		run := func() {
+			n, err := h.release(ctx)
+			settle(h, n, err)
+			results <- result{h, n, err}
+		}
+		if !h.c.goBackground() {
+			run() // closing: Close skips a hold being released, so this call must finish it
+			continue
+		}
+		go func() {
+			defer h.c.wg.Done()
+			run()
+		}()
+	}
+	l.mu.Lock()
+	released := l.released
+	l.mu.Unlock()
+	var errs []error
+	var failed []*hold
+	// Every answer, or (a Redlock's) as soon as a quorum released: a silent master's release
+	// goes on in the background.
+	for range hs {
+		if released >= l.hd.need {
+			break
+		}
+		r := <-results
+		switch {
+		case r.err != nil:
+			failed = append(failed, r.h)
+			errs = append(errs, redisErr("unlock", r.h.name, r.err))
+		case r.n == 0:
+			lost = cmpOr(lost, leaseLost(r.h.name, errKeyGone))
+		default:
+			released++
 		}
 	}
 	l.mu.Lock()
-	l.released += ok
-	released := l.released
+	l.released = released
 	l.mu.Unlock()
 	retrying := "dlock retries the release in the background; the lock expires within its TTL otherwise"
 	switch {
@@ -108,7 +142,7 @@ func (l *Lease) releaseMembers(ctx context.Context, hs []*hold, lost error) erro
 		l.finish(nil, false) // ended locally; a later Unlock retries the failed releases at once
 		return fmt.Errorf("%w (%s)", join(errs...), retrying)
 	}
-	l.finish(nil, true) // a quorum released: the rest are retried in the background
+	l.finish(nil, true) // enough released: the rest are retried in the background
 	return nil
 }
 

@@ -104,7 +104,7 @@ func (m *Mutex) newCohort() *cohort { return m.c.mutexCohort(m) }
 func (m *Mutex) plainLock(ctx context.Context, wait bool) (*Lease, error) {
 	s := holdSpec{name: m.name, keys: m.keys, cfg: m.cfg, owner: m.ids.call(), reentrant: m.cfg.ownerSet}
 	if m.c.rl != nil {
-		return m.c.redlockLease(ctx, m.ref(), s, wait, m.ids.call)
+		return m.c.redlockLease(ctx, m.ref(), s, wait)
 	}
 	return m.c.plainLease(ctx, m.ref(), s, wait)
 }

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -144,36 +145,76 @@ func (r *redlock) nodeTimeout(ttl time.Duration) time.Duration {
 
 // redlockLease takes the lock of s on a quorum of c's masters (waiting when wait is set) and
 // returns its lease.
-func (c *Client) redlockLease(ctx context.Context, ref lockRef, s holdSpec, wait bool, newOwner func() string) (*Lease, error) {
-	hs, token, err := c.rl.take(ctx, c, s, wait, newOwner)
+func (c *Client) redlockLease(ctx context.Context, ref lockRef, s holdSpec, wait bool) (*Lease, error) {
+	hs, token, err := c.rl.take(ctx, c, s, wait)
 	if err != nil {
 		return nil, err
 	}
-	return newQuorumHolding(hs, c.rl.quorum, token).first(ctx, ref), nil
+	hd := newQuorumHolding(hs, c.rl.quorum, token)
+	hd.owner = s.owner
+	return hd.first(ctx, ref), nil
+}
+
+// A redlockTake is one Lock or TryLock call's holds on the masters (nil where none), and the
+// owner id it has on each: the call's, or that id in a later epoch (epochOwner) on a master
+// where an attempt was given up on and may still land.
+type redlockTake struct {
+	r      *redlock
+	s      holdSpec
+	held   []*hold
+	owners []string
+	epoch  uint64
+}
+
+// spec is the call's hold spec on master i.
+func (t *redlockTake) spec(i int) holdSpec {
+	s := t.s
+	s.owner = t.owners[i]
+	return s
+}
+
+// giveBack gives back the holds on masters from on (see drop).
+func (t *redlockTake) giveBack(from int) {
+	for i := from; i < len(t.held); i++ {
+		t.drop(i)
+	}
+}
+
+// drop gives back the hold on master i, if any, in the background: nothing waits for a silent
+// master. A later attempt of the call on the same master finds the old hold its own and takes
+// it over (acquire.lua), so the release, landing late, drops nothing of its.
+func (t *redlockTake) drop(i int) {
+	h := t.held[i]
+	if h == nil {
+		return
+	}
+	t.held[i] = nil
+	n := t.r.nodes[i]
+	if !n.goBackground() {
+		return // Close releases it
+	}
+	go func() {
+		defer n.wg.Done()
+		n.giveBack([]*hold{h})
+	}()
 }
 
 // take returns holds on at least a quorum of the masters, the first master that answered
 // among them, and the lease's token (see NewRedlock), or nothing and why.
-func (r *redlock) take(ctx context.Context, c *Client, s holdSpec, wait bool, newOwner func() string) ([]*hold, uint64, error) {
-	held := make([]*hold, len(r.nodes))
-	giveBack := func(from int) {
-		for i := from; i < len(held); i++ {
-			if held[i] != nil {
-				r.nodes[i].giveBack([]*hold{held[i]})
-				held[i] = nil
-			}
-		}
+func (r *redlock) take(ctx context.Context, c *Client, s holdSpec, wait bool) ([]*hold, uint64, error) {
+	t := &redlockTake{r: r, s: s, held: make([]*hold, len(r.nodes)), owners: make([]string, len(r.nodes))}
+	for i := range t.owners {
+		t.owners[i] = s.owner
 	}
+	held := t.held
 	backoff := time.Duration(0)
-	ws := s
-	ws.failFast = true
 	granted := false // the first master was handed over by a release (it was waited for)
 	if wait && r.wasContended(s.keys.lock) {
 		// The lock was waited for last time (a loop of Lock calls, each right after the
 		// previous lease's Unlock handed it on): queue on the first master at once. A pass
 		// would take the other masters ahead of the waiter the release woke, only to give
 		// them back when it finds the first master granted to that waiter.
-		h, err := r.nodes[0].waitHold(ctx, ws, true)
+		h, err := r.nodes[0].waitHold(ctx, t.waitSpec(0), true)
 		switch {
 		case err == nil:
 			held[0] = h
@@ -185,30 +226,18 @@ func (r *redlock) take(ctx context.Context, c *Client, s holdSpec, wait bool, ne
 	}
 	for first := true; ; first = false {
 		if err := c.checkOpen(); err != nil {
-			giveBack(0)
+			t.giveBack(0)
 			return nil, 0, fmt.Errorf("%w: lock %q", err, s.name)
 		}
-		errs, slow := r.pass(ctx, s, held)
-		if slow && !s.reentrant {
-			// An attempt given up on may still reach its master: from now on the call is
-			// another owner there, so that attempt's hold is a stranger's, given back when
-			// its reply comes (tryHoldWithin). A WithOwner id stays (its holds are counted).
-			s.owner = newOwner()
-		}
+		errs := t.pass(ctx)
 		ticket, refused, n, answered := -1, -1, 0, 0
-		var hard, unavailable []error
+		var hard, faults, unavailable []error
 		for i, h := range held {
 			switch err := errs[i]; {
 			case h != nil && !h.valid():
-				r.nodes[i].giveBack([]*hold{h}) // ended while the others were taken
-				held[i] = nil
-			case h != nil:
-				n++
-				answered++
-				if ticket < 0 {
-					ticket = i
-				}
-			case err == nil:
+				// Ended while the others were taken: it answered, and is waited for again.
+				t.drop(i)
+				fallthrough
 			case errors.Is(err, ErrNotObtained) && !errors.Is(err, errLateReply) && !errors.Is(err, errLostAtOnce):
 				answered++
 				if ticket < 0 {
@@ -217,22 +246,37 @@ func (r *redlock) take(ctx context.Context, c *Client, s holdSpec, wait bool, ne
 				if refused < 0 {
 					refused = i
 				}
+			case h != nil:
+				n++
+				answered++
+				if ticket < 0 {
+					ticket = i
+				}
+			case err == nil:
 			case errors.Is(err, ErrUnavailable) || errors.Is(err, ErrNotObtained):
 				unavailable = append(unavailable, err)
+			case errors.Is(err, ErrInvalid) || errors.Is(err, ErrClosed):
+				hard = append(hard, err) // the caller's or the Client's: every master says so
 			default:
-				hard = append(hard, err)
+				// A master's own fault (OOM, NOPERM, another version's key): it counts as a
+				// master down, unless too many have one for a quorum to be had.
+				faults = append(faults, err)
 			}
 		}
 		if cerr := ctx.Err(); cerr != nil {
-			giveBack(0)
+			t.giveBack(0)
 			return nil, 0, notObtained(s.name, cerr, join(unavailable...))
 		}
-		if len(hard) > 0 { // ErrInvalid, ErrIncompatible, ErrClosed, a Redis error reply
-			giveBack(0)
+		if len(faults) > len(r.nodes)-r.quorum {
+			hard = append(hard, faults...)
+		}
+		if len(hard) > 0 {
+			t.giveBack(0)
 			return nil, 0, join(hard...)
 		}
+		unavailable = append(unavailable, faults...)
 		if n >= r.quorum && held[ticket] != nil {
-			token, err := r.raiseFence(ctx, s, held)
+			token, err := t.raiseFence(ctx)
 			if err == nil {
 				if wait {
 					r.waited(s.keys.lock, !first || granted)
@@ -240,7 +284,7 @@ func (r *redlock) take(ctx context.Context, c *Client, s holdSpec, wait bool, ne
 				hs := slices.DeleteFunc(slices.Clone(held), func(h *hold) bool { return h == nil })
 				return hs, token, nil
 			}
-			giveBack(0)
+			t.giveBack(0)
 			if !wait || ctx.Err() != nil || !errors.Is(err, ErrUnavailable) {
 				return nil, 0, err
 			}
@@ -250,7 +294,7 @@ func (r *redlock) take(ctx context.Context, c *Client, s holdSpec, wait bool, ne
 			refused = -1 // no quorum answered: whether it is taken is not known
 		}
 		if !wait {
-			giveBack(0)
+			t.giveBack(0)
 			if refused >= 0 {
 				return nil, 0, notObtained(s.name, fmt.Errorf("master %d of %d refused it (held, or waited for); %d granted, a quorum is %d", refused, len(r.nodes), n, r.quorum))
 			}
@@ -258,7 +302,7 @@ func (r *redlock) take(ctx context.Context, c *Client, s holdSpec, wait bool, ne
 		}
 		if refused < 0 {
 			// Too few masters answered: wait it out as Lock does (a master restarting).
-			giveBack(0)
+			t.giveBack(0)
 			backoff = min(max(2*backoff, minUnavailableRetry), maxUnavailableRetry)
 			if err := sleepCtx(ctx, c, backoff/2+rand.N(backoff/2+1)); err != nil {
 				return nil, 0, notObtained(s.name, err, join(unavailable...))
@@ -271,93 +315,127 @@ func (r *redlock) take(ctx context.Context, c *Client, s holdSpec, wait bool, ne
 		// first one after it that refused, keeping only the masters before that one.
 		j := refused
 		if held[ticket] == nil {
-			giveBack(0)
+			t.giveBack(0)
 		} else {
-			giveBack(j + 1)
+			t.giveBack(j + 1)
 		}
-		h, err := r.nodes[j].waitHold(ctx, ws, true)
+		h, err := r.nodes[j].waitHold(ctx, t.waitSpec(j), true)
 		switch {
 		case err == nil:
 			held[j] = h
 		case errors.Is(err, ErrUnavailable) && ctx.Err() == nil:
 			// That master went silent: the next pass goes on without it.
 		default:
-			giveBack(0)
+			t.giveBack(0)
 			return nil, 0, err
 		}
 	}
 }
 
+// waitSpec is the call's spec for a wait in master i's queue, which ends when the master
+// stops answering (the passes go on without it).
+func (t *redlockTake) waitSpec(i int) holdSpec {
+	s := t.spec(i)
+	s.failFast = true
+	return s
+}
+
 // pass makes one acquire on every master not held yet, all at once, each awaited at most the
-// node timeout, and returns each master's error (nil where held or not tried) and whether an
-// attempt was given up on.
-func (r *redlock) pass(ctx context.Context, s holdSpec, held []*hold) (errs []error, slow bool) {
-	errs = make([]error, len(r.nodes))
-	d := r.nodeTimeout(s.cfg.leaseTTL())
+// node timeout, and returns each master's error (nil where held or not tried). A master whose
+// attempt was given up on gets a new owner id of the call (see redlockTake).
+func (t *redlockTake) pass(ctx context.Context) []error {
+	errs := make([]error, len(t.r.nodes))
+	d := t.r.nodeTimeout(t.s.cfg.leaseTTL())
 	var wg sync.WaitGroup
-	for i, n := range r.nodes {
-		if held[i] != nil {
+	for i, n := range t.r.nodes {
+		if t.held[i] != nil {
 			continue
 		}
+		s := t.spec(i)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			held[i], errs[i] = n.tryHoldWithin(ctx, s, d, errSlowMaster)
+			t.held[i], errs[i] = n.tryHoldWithin(ctx, s, d, errSlowMaster)
 		}()
 	}
 	wg.Wait()
-	for _, err := range errs {
-		if errors.Is(err, errSlowMaster) {
-			slow = true
+	for i, err := range errs {
+		if errors.Is(err, errSlowMaster) && !t.s.reentrant { // a WithOwner id stays: its holds are counted
+			t.epoch++
+			t.owners[i] = epochOwner(t.s.owner, t.epoch)
 		}
 	}
-	return errs, slow
+	return errs
 }
 
-// raiseFence returns the lease's token, the highest of the held masters' tokens, once a quorum
-// of the masters has raised the lock's fencing counter to it (all of them are asked, at once).
-func (r *redlock) raiseFence(ctx context.Context, s holdSpec, held []*hold) (uint64, error) {
+// raiseFence returns the lease's token T, the highest of the held masters' tokens, once the
+// fencing counter of every held master is at least T: a master whose token is within one
+// block of T has it already (its acquire reserved the block), the others are raised
+// (fence_floor.lua), at once. A held master that does not confirm the raise in time is given
+// back; an error says fewer than a quorum are left.
+//
+// Why every held master: a later lease's holds on masters this lease held were all taken
+// after this lease let them go, so after the raise; and its quorum shares at least one master
+// with this lease's.
+func (t *redlockTake) raiseFence(ctx context.Context) (uint64, error) {
 	var token uint64
-	for _, h := range held {
+	for _, h := range t.held {
 		if h != nil {
 			token = max(token, h.token)
 		}
 	}
-	d := r.nodeTimeout(s.cfg.leaseTTL())
-	answers := make(chan error, len(r.nodes))
-	for _, n := range r.nodes {
+	d := t.r.nodeTimeout(t.s.cfg.leaseTTL())
+	type answer struct {
+		i   int
+		err error
+	}
+	answers := make(chan answer, len(t.r.nodes))
+	pending := make(map[int]bool)
+	for i, h := range t.held {
+		if h == nil || h.token+cohortBlock-1 >= token {
+			continue
+		}
+		n := t.r.nodes[i]
+		pending[i] = true
 		if !n.goBackground() {
-			answers <- fmt.Errorf("%w: lock %q", ErrClosed, s.name)
+			answers <- answer{i, fmt.Errorf("%w: lock %q", ErrClosed, t.s.name)}
 			continue
 		}
 		go func() {
 			defer n.wg.Done()
 			rctx, cancel := context.WithTimeout(ctx, d)
 			defer cancel()
-			err := scripts.FenceFloor.Run(rctx, n.rdb, []string{s.keys.fence}, strconv.FormatUint(token, 10)).Err()
-			answers <- err
+			err := scripts.FenceFloor.Run(rctx, n.rdb, []string{t.s.keys.fence}, strconv.FormatUint(token, 10)).Err()
+			answers <- answer{i, err}
 		}()
 	}
-	t := time.NewTimer(d)
-	defer t.Stop()
+	timer := time.NewTimer(d)
+	defer timer.Stop()
 	var errs []error
-	for ok := 0; ok < r.quorum; {
+	for len(pending) > 0 {
 		select {
-		case err := <-answers:
-			if err == nil {
-				ok++
-				continue
+		case a := <-answers:
+			delete(pending, a.i)
+			if a.err != nil {
+				errs = append(errs, redisErr("raise fence", t.s.name, a.err))
+				t.drop(a.i)
 			}
-			if isRedisReply(err) && classify(err) != replyUnavailable {
-				return 0, redisErr("raise fence", s.name, err) // NOPERM, a script error: not a fault to wait out
+		case <-timer.C:
+			for i := range pending {
+				errs = append(errs, fmt.Errorf("%w: lock %q: %w within %v (raising its fencing token)", ErrUnavailable, t.s.name, errSlowMaster, d))
+				t.drop(i)
 			}
-			errs = append(errs, redisErr("raise fence", s.name, err))
-			if len(errs) > len(r.nodes)-r.quorum {
-				return 0, fmt.Errorf("%w: lock %q: fewer than a quorum of %d masters raised its fencing token: %w", ErrUnavailable, s.name, r.quorum, join(errs...))
-			}
-		case <-t.C:
-			return 0, fmt.Errorf("%w: lock %q: a quorum of %d masters did not raise its fencing token within %v: %w", ErrUnavailable, s.name, r.quorum, d, join(errs...))
+			clear(pending)
 		}
+	}
+	n := 0
+	for _, h := range t.held {
+		if h != nil {
+			n++
+		}
+	}
+	if n < t.r.quorum {
+		return 0, fmt.Errorf("%w: lock %q: %d held masters raised its fencing token, a quorum is %d: %w", ErrUnavailable, t.s.name, n, t.r.quorum, join(errs...))
 	}
 	return token, nil
 }
@@ -390,7 +468,8 @@ func (r *redlock) inspect(ctx context.Context, name string) (LockInfo, error) {
 		info.Waiters = max(info.Waiters, m.Waiters)
 		info.Foreign = info.Foreign || m.Foreign
 		if m.Held && m.Owner != "" {
-			byOwner[m.Owner] = append(byOwner[m.Owner], m)
+			owner, _, _ := strings.Cut(m.Owner, "~") // a call's owner id in any epoch (redlockTake)
+			byOwner[owner] = append(byOwner[owner], m)
 		}
 	}
 	for owner, ms := range byOwner {

@@ -3,6 +3,7 @@ package dlock_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -270,6 +271,9 @@ func TestRedlockReentryAndExtend(t *testing.T) {
 	if d := l.Remaining(); d < 50*time.Second {
 		t.Fatalf("Remaining after Extend: %v", d)
 	}
+	if l.TTL() != time.Minute { // not the dead first master's
+		t.Fatalf("TTL after Extend: %v", l.TTL())
+	}
 	if err := inner.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -308,8 +312,9 @@ func TestRedlockClose(t *testing.T) {
 	}
 }
 
-// A released Redlock lock goes to the waiter, not back to its releaser: the first master's
-// FIFO decides, whatever the other masters (free after the release) would allow.
+// A released Redlock lock goes to a waiter that has waited past the barging window, not back
+// to its releaser: the first master's FIFO decides, whatever the other masters (free after the
+// release) would allow.
 func TestRedlockReleaserDoesNotOvertakeTheWaiter(t *testing.T) {
 	ctx := ctxT(t)
 	set := startRedlock(t, 3, nil)
@@ -329,6 +334,9 @@ func TestRedlockReleaserDoesNotOvertakeTheWaiter(t *testing.T) {
 			got <- w
 		}()
 		waitQueuedRaw(t, set.raw[0], name, 1)
+		// Past the bounded barging window (4 ms, as a single master allows a releaser that
+		// re-locks at once): from then on the first waiter's turn is its own.
+		time.Sleep(10 * time.Millisecond)
 		if err := l.Unlock(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -339,6 +347,68 @@ func TestRedlockReleaserDoesNotOvertakeTheWaiter(t *testing.T) {
 		w := <-got
 		if err := w.Unlock(ctx); err != nil {
 			t.Fatal(err)
+		}
+	}
+}
+
+// A master with a fault of its own (out of memory, here) is a master down: a quorum of healthy
+// masters grants the lock (found by review: the fault failed every call).
+func TestRedlockToleratesAFaultyMinority(t *testing.T) {
+	ctx := ctxT(t)
+	set := startRedlock(t, 3, nil)
+	name := redistest.Name(t)
+	for _, kv := range [][2]string{{"maxmemory-policy", "noeviction"}, {"maxmemory", "1"}} {
+		if err := set.raw[2].ConfigSet(ctx, kv[0], kv[1]).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l, err := set.c.Mutex(name).TryLock(ctx)
+	if err != nil {
+		t.Fatalf("TryLock with one master out of memory: %v", err)
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if l, err = set.c.Mutex(name).Lock(ctx); err != nil {
+		t.Fatalf("Lock with one master out of memory: %v", err)
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// With two of three out of memory no quorum can be had: the fault is returned, not waited on.
+	if err := set.raw[1].ConfigSet(ctx, "maxmemory", "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := set.c.Mutex(name).Lock(ctx); err == nil || errors.Is(err, dlock.ErrNotObtained) || !strings.Contains(err.Error(), "OOM") {
+		t.Fatalf("Lock with two of three masters out of memory: %v, want their OOM", err)
+	}
+}
+
+// A silent (paused) master holds up neither Extend nor Unlock of a Redlock lease: a fixed
+// lease extended again and again on the quorum stays held (found by review: each Extend
+// waited for the silent master past the lease's end), and Unlock returns once a quorum
+// released.
+func TestRedlockSilentMasterHoldsUpNeitherExtendNorUnlock(t *testing.T) {
+	ctx := ctxT(t)
+	set := startRedlock(t, 3, nil, dlock.WithTTL(time.Second), dlock.WithFixedLease())
+	name := redistest.Name(t)
+	l, err := set.c.Mutex(name).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	set.servers[2].Pause()
+	defer set.servers[2].Resume()
+	for i := range 4 {
+		if err := l.Extend(ctx, time.Second); err != nil {
+			t.Fatalf("Extend %d with 2 of 3 masters answering: %v (lease: %v)", i, err, l.Err())
+		}
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatalf("Unlock with 2 of 3 masters answering: %v", err)
+	}
+	for i := range 2 {
+		if set.raw[i].Exists(ctx, lockKey(name)).Val() != 0 {
+			t.Fatalf("master %d still holds the lock after Unlock", i)
 		}
 	}
 }
