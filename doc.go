@@ -77,7 +77,10 @@
 // without persistence, or a failover to a replica that missed the write, can grant a lock
 // twice: fencing still protects the resource, and docs/DESIGN.md explains the rest.
 // WithReplicaAck narrows the second case: a lease is handed out only once replicas of the
-// master acknowledged its write (ErrNotReplicated otherwise).
+// master acknowledged its write (ErrNotReplicated otherwise). NewRedlock narrows it
+// further for Mutexes: a lease is held on a quorum of independent masters (on every one that
+// answered), so another owner can take it only when masters lost the lease's writes on at
+// least a quorum minus those the lease never held.
 //
 // # Errors
 //
