@@ -369,13 +369,23 @@ func (l *Lease) TTL() time.Duration {
 	if l == nil {
 		return 0
 	}
-	var ttl time.Duration
-	for _, h := range l.hd.holds() { // the longest: a Redlock master that missed an Extend lags
+	// The need-th longest of the held holds' (a Redlock master that missed an Extend lags; an
+	// Extend that reached fewer than a quorum did not extend the lease).
+	var ttls []time.Duration
+	for _, h := range l.hd.holds() {
 		h.mu.Lock()
-		ttl = max(ttl, h.ttl)
+		if h.state == holdHeld {
+			ttls = append(ttls, h.ttl)
+		}
 		h.mu.Unlock()
 	}
-	return ttl
+	if len(ttls) < l.hd.need {
+		l.hd.h.mu.Lock()
+		defer l.hd.h.mu.Unlock()
+		return l.hd.h.ttl
+	}
+	slices.Sort(ttls)
+	return ttls[len(ttls)-l.hd.need]
 }
 
 // Extend makes the lock's TTL in Redis at least ttl from now, if the lease is still held;
@@ -424,7 +434,8 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 		}
 	}
 	ok := 0
-	for ; running > 0 && ok < l.hd.need && len(errs) <= len(hs)-l.hd.need; running-- {
+	quorum := l.hd.need < len(hs) // a Redlock's: stop waiting once the outcome is known
+	for ; running > 0 && (!quorum || ok < l.hd.need && len(errs) <= len(hs)-l.hd.need); running-- {
 		if err := <-results; err != nil {
 			errs = append(errs, err)
 		} else {

@@ -219,7 +219,7 @@ func (r *redlock) take(ctx context.Context, c *Client, s holdSpec, wait bool) ([
 		case err == nil:
 			held[0] = h
 			granted = h.wasGranted()
-		case errors.Is(err, ErrUnavailable) && ctx.Err() == nil: // the passes go on without it
+		case masterFault(ctx, err): // the passes go on without it
 		default:
 			return nil, 0, err
 		}
@@ -255,8 +255,8 @@ func (r *redlock) take(ctx context.Context, c *Client, s holdSpec, wait bool) ([
 			case err == nil:
 			case errors.Is(err, ErrUnavailable) || errors.Is(err, ErrNotObtained):
 				unavailable = append(unavailable, err)
-			case errors.Is(err, ErrInvalid) || errors.Is(err, ErrClosed):
-				hard = append(hard, err) // the caller's or the Client's: every master says so
+			case errors.Is(err, ErrInvalid):
+				hard = append(hard, err) // the caller's: every master says so
 			default:
 				// A master's own fault (OOM, NOPERM, another version's key): it counts as a
 				// master down, unless too many have one for a quorum to be had.
@@ -323,13 +323,21 @@ func (r *redlock) take(ctx context.Context, c *Client, s holdSpec, wait bool) ([
 		switch {
 		case err == nil:
 			held[j] = h
-		case errors.Is(err, ErrUnavailable) && ctx.Err() == nil:
-			// That master went silent: the next pass goes on without it.
+		case masterFault(ctx, err):
+			// That master went silent or faulty: the next pass goes on without it.
 		default:
 			t.giveBack(0)
 			return nil, 0, err
 		}
 	}
+}
+
+// masterFault reports whether err, from a wait on one master, is that master's alone (silent,
+// out of memory, refusing the user, its go-redis client closed): the call goes on with the
+// others. The caller's ctx ending, a bad argument and the Redlock Client closing are not.
+func masterFault(ctx context.Context, err error) bool {
+	return ctx.Err() == nil && !errors.Is(err, ErrInvalid) && !errors.Is(err, ErrNotObtained) &&
+		(!errors.Is(err, ErrClosed) || errors.Is(err, redis.ErrClosed))
 }
 
 // waitSpec is the call's spec for a wait in master i's queue, which ends when the master
@@ -376,58 +384,44 @@ func (t *redlockTake) pass(ctx context.Context) []error {
 //
 // Why every held master: a later lease's holds on masters this lease held were all taken
 // after this lease let them go, so after the raise; and its quorum shares at least one master
-// with this lease's.
+// with this lease's. A WithOwner call may instead re-enter holds an earlier lease of the same
+// owner left (acquire.lua returns their old tokens): its T is first raised to the held
+// masters' counters, which that lease raised to its own T.
 func (t *redlockTake) raiseFence(ctx context.Context) (uint64, error) {
 	var token uint64
-	for _, h := range t.held {
+	var all []int
+	for i, h := range t.held {
 		if h != nil {
 			token = max(token, h.token)
+			all = append(all, i)
 		}
 	}
-	d := t.r.nodeTimeout(t.s.cfg.leaseTTL())
-	type answer struct {
-		i   int
-		err error
-	}
-	answers := make(chan answer, len(t.r.nodes))
-	pending := make(map[int]bool)
-	for i, h := range t.held {
-		if h == nil || h.token+cohortBlock-1 >= token {
-			continue
-		}
-		n := t.r.nodes[i]
-		pending[i] = true
-		if !n.goBackground() {
-			answers <- answer{i, fmt.Errorf("%w: lock %q", ErrClosed, t.s.name)}
-			continue
-		}
-		go func() {
-			defer n.wg.Done()
-			rctx, cancel := context.WithTimeout(ctx, d)
-			defer cancel()
-			err := scripts.FenceFloor.Run(rctx, n.rdb, []string{t.s.keys.fence}, strconv.FormatUint(token, 10)).Err()
-			answers <- answer{i, err}
-		}()
-	}
-	timer := time.NewTimer(d)
-	defer timer.Stop()
 	var errs []error
-	for len(pending) > 0 {
-		select {
-		case a := <-answers:
-			delete(pending, a.i)
-			if a.err != nil {
-				errs = append(errs, redisErr("raise fence", t.s.name, a.err))
-				t.drop(a.i)
+	if t.s.reentrant {
+		vals, rerrs := t.onMasters(ctx, all, "reading its fencing counter", func(ctx context.Context, n *Client) (uint64, error) {
+			v, err := n.rdb.Get(ctx, t.s.keys.fence).Uint64()
+			if errors.Is(err, redis.Nil) {
+				return 0, nil
 			}
-		case <-timer.C:
-			for i := range pending {
-				errs = append(errs, fmt.Errorf("%w: lock %q: %w within %v (raising its fencing token)", ErrUnavailable, t.s.name, errSlowMaster, d))
-				t.drop(i)
+			return v, err
+		})
+		errs = append(errs, rerrs...)
+		for i, v := range vals {
+			if t.held[i] != nil {
+				token = max(token, v)
 			}
-			clear(pending)
 		}
 	}
+	var low []int
+	for i, h := range t.held {
+		if h != nil && h.token+cohortBlock-1 < token {
+			low = append(low, i)
+		}
+	}
+	_, rerrs := t.onMasters(ctx, low, "raising its fencing token", func(ctx context.Context, n *Client) (uint64, error) {
+		return 0, scripts.FenceFloor.Run(ctx, n.rdb, []string{t.s.keys.fence}, strconv.FormatUint(token, 10)).Err()
+	})
+	errs = append(errs, rerrs...)
 	n := 0
 	for _, h := range t.held {
 		if h != nil {
@@ -435,9 +429,61 @@ func (t *redlockTake) raiseFence(ctx context.Context) (uint64, error) {
 		}
 	}
 	if n < t.r.quorum {
-		return 0, fmt.Errorf("%w: lock %q: %d held masters raised its fencing token, a quorum is %d: %w", ErrUnavailable, t.s.name, n, t.r.quorum, join(errs...))
+		return 0, fmt.Errorf("%w: lock %q: %d held masters confirmed its fencing token, a quorum is %d: %w", ErrUnavailable, t.s.name, n, t.r.quorum, join(errs...))
 	}
 	return token, nil
+}
+
+// onMasters runs call on the masters is at once, each awaited at most the node timeout, and
+// returns the values it got, by master. A master whose call failed or did not answer in time
+// is given back (its hold cannot count), with its error in errs; a late call goes on in the
+// background.
+func (t *redlockTake) onMasters(ctx context.Context, is []int, what string, call func(context.Context, *Client) (uint64, error)) (vals map[int]uint64, errs []error) {
+	d := t.r.nodeTimeout(t.s.cfg.leaseTTL())
+	type answer struct {
+		i   int
+		v   uint64
+		err error
+	}
+	answers := make(chan answer, len(is))
+	pending := make(map[int]bool, len(is))
+	for _, i := range is {
+		n := t.r.nodes[i]
+		pending[i] = true
+		if !n.goBackground() {
+			answers <- answer{i, 0, fmt.Errorf("%w: lock %q", ErrClosed, t.s.name)}
+			continue
+		}
+		go func() {
+			defer n.wg.Done()
+			cctx, cancel := context.WithTimeout(ctx, d)
+			defer cancel()
+			v, err := call(cctx, n)
+			answers <- answer{i, v, err}
+		}()
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	vals = make(map[int]uint64, len(is))
+	for len(pending) > 0 {
+		select {
+		case a := <-answers:
+			delete(pending, a.i)
+			if a.err != nil {
+				errs = append(errs, redisErr(what, t.s.name, a.err))
+				t.drop(a.i)
+				continue
+			}
+			vals[a.i] = a.v
+		case <-timer.C:
+			for i := range pending {
+				errs = append(errs, fmt.Errorf("%w: lock %q: %w within %v (%s)", ErrUnavailable, t.s.name, errSlowMaster, d, what))
+				t.drop(i)
+			}
+			clear(pending)
+		}
+	}
+	return vals, errs
 }
 
 // inspect reads the lock on every master at once (Client.Inspect).
@@ -468,7 +514,7 @@ func (r *redlock) inspect(ctx context.Context, name string) (LockInfo, error) {
 		info.Waiters = max(info.Waiters, m.Waiters)
 		info.Foreign = info.Foreign || m.Foreign
 		if m.Held && m.Owner != "" {
-			owner, _, _ := strings.Cut(m.Owner, "~") // a call's owner id in any epoch (redlockTake)
+			owner := callOwner(m.Owner)
 			byOwner[owner] = append(byOwner[owner], m)
 		}
 	}
@@ -513,4 +559,22 @@ func (r *redlock) nodeName(i int) string {
 		return rc.Options().Addr
 	}
 	return "master " + strconv.Itoa(i)
+}
+
+// callOwner is the owner id of the call a Redlock master's hold belongs to: a generated call
+// id (a handle's 32 hex digits, ".", a sequence number) in a later epoch (redlockTake) is that
+// call's; any other id, WithOwner's (never given epochs), is its own.
+func callOwner(id string) string {
+	base, epoch, ok := strings.Cut(id, "~")
+	handle, seq, dot := strings.Cut(base, ".")
+	if !ok || !dot || len(handle) != 32 || !isBase(handle, 16) || !isBase(seq, 36) || !isBase(epoch, 36) {
+		return id
+	}
+	return base
+}
+
+// isBase reports whether s is a non-empty number in lower-case base b (16 or 36).
+func isBase(s string, b int) bool {
+	digits := "0123456789abcdefghijklmnopqrstuvwxyz"[:b]
+	return s != "" && strings.Trim(s, digits) == ""
 }

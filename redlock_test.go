@@ -412,3 +412,75 @@ func TestRedlockSilentMasterHoldsUpNeitherExtendNorUnlock(t *testing.T) {
 		}
 	}
 }
+
+// Two leases of one WithOwner id re-enter each other's holds, whose tokens are the masters'
+// old ones: the later lease's token is still not below the earlier's, also when it is taken
+// without the master whose token was the highest (found by review).
+func TestRedlockWithOwnerTokenDoesNotGoBack(t *testing.T) {
+	ctx := ctxT(t)
+	set := startRedlock(t, 3, func(i int) redistest.Config {
+		if i == 0 {
+			return redistest.Config{ClockOffset: "+10s"} // master 0's tokens are the highest
+		}
+		return redistest.Config{}
+	}, dlock.WithTTL(2*time.Second))
+	name := redistest.Name(t)
+	m := set.c.Mutex(name, dlock.WithOwner("job"))
+	l1, err := m.TryLock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	set.servers[0].Pause()
+	l2, err := m.TryLock(ctx)
+	set.servers[0].Resume()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l1.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer l2.Unlock(ctx)
+	if l2.Token() < l1.Token() {
+		t.Fatalf("the second lease of one owner has token %d, below the first's %d", l2.Token(), l1.Token())
+	}
+}
+
+// A master that faults while the lock is waited for on it (out of memory, here master 0, the
+// first a contended Lock queues on) is left out, as in a pass: a quorum of the others grants
+// the lock (found by review).
+func TestRedlockFaultyFirstMasterAfterContention(t *testing.T) {
+	ctx := ctxT(t)
+	set := startRedlock(t, 3, nil)
+	name := redistest.Name(t)
+	m := set.c.Mutex(name)
+	l1, err := m.Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *dlock.Lease, 1)
+	go func() {
+		l, err := m.Lock(ctx) // waits: the next Lock of this lock queues on master 0 at once
+		if err != nil {
+			t.Error(err)
+		}
+		got <- l
+	}()
+	waitQueuedRaw(t, set.raw[0], name, 1)
+	time.Sleep(10 * time.Millisecond) // past the barging window: the waiter's turn is its own
+	if err := l1.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := (<-got).Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, kv := range [][2]string{{"maxmemory-policy", "noeviction"}, {"maxmemory", "1"}} {
+		if err := set.raw[0].ConfigSet(ctx, kv[0], kv[1]).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l3, err := m.Lock(ctx)
+	if err != nil {
+		t.Fatalf("Lock with master 0 out of memory, after a contended acquisition: %v", err)
+	}
+	_ = l3.Unlock(ctx)
+}
