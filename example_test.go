@@ -219,3 +219,26 @@ func ExampleLatch() {
 	// wait: <nil>
 	// count: 0
 }
+
+// NewRedlock holds a Mutex on a quorum of independent masters (at least 3 of 5): a lease
+// outlives the loss of two masters, and a master that loses its data does not grant the lock
+// twice while the lease holds more than a bare quorum. It is compiled, not run: it needs five
+// servers.
+func ExampleNewRedlock() {
+	ctx := context.Background()
+	var masters []redis.UniversalClient
+	for _, addr := range []string{"redis-a:6379", "redis-b:6379", "redis-c:6379", "redis-d:6379", "redis-e:6379"} {
+		masters = append(masters, redis.NewClient(&redis.Options{Addr: addr}))
+	}
+	c := dlock.NewRedlock(masters, dlock.WithTTL(10*time.Second))
+	defer c.Close(ctx)
+
+	l, err := c.Mutex("payments:42").Lock(ctx)
+	if err != nil {
+		fmt.Println("not locked:", err)
+		return
+	}
+	defer l.Unlock(ctx)
+	// Pass l.Token() to the payment store: it only rises across holders, on any quorum.
+	fmt.Println("charging under token", l.Token())
+}
