@@ -114,18 +114,19 @@ func (r *redlock) wasContended(lock string) bool {
 	return r.contended[lock]
 }
 
+// each runs f on every master at once and returns when all have returned.
+func (r *redlock) each(f func(i int, n *Client)) {
+	var wg sync.WaitGroup
+	for i, n := range r.nodes {
+		wg.Go(func() { f(i, n) })
+	}
+	wg.Wait()
+}
+
 // close closes every master's Client at once: their leases end with ErrClosed.
 func (r *redlock) close(ctx context.Context) error {
 	errs := make([]error, len(r.nodes))
-	var wg sync.WaitGroup
-	for i, n := range r.nodes {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = n.Close(ctx)
-		}()
-	}
-	wg.Wait()
+	r.each(func(i int, n *Client) { errs[i] = n.Close(ctx) })
 	return join(errs...)
 }
 
@@ -354,19 +355,12 @@ func (t *redlockTake) waitSpec(i int) holdSpec {
 func (t *redlockTake) pass(ctx context.Context) []error {
 	errs := make([]error, len(t.r.nodes))
 	d := t.r.nodeTimeout(t.s.cfg.leaseTTL())
-	var wg sync.WaitGroup
-	for i, n := range t.r.nodes {
-		if t.held[i] != nil {
-			continue
+	held := slices.Clone(t.held) // read by f while it writes t.held
+	t.r.each(func(i int, n *Client) {
+		if held[i] == nil {
+			t.held[i], errs[i] = n.tryHoldWithin(ctx, t.spec(i), d, errSlowMaster)
 		}
-		s := t.spec(i)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			t.held[i], errs[i] = n.tryHoldWithin(ctx, s, d, errSlowMaster)
-		}()
-	}
-	wg.Wait()
+	})
 	for i, err := range errs {
 		if errors.Is(err, errSlowMaster) && !t.s.reentrant { // a WithOwner id stays: its holds are counted
 			t.epoch++
@@ -490,19 +484,13 @@ func (t *redlockTake) onMasters(ctx context.Context, is []int, what string, call
 func (r *redlock) inspect(ctx context.Context, name string) (LockInfo, error) {
 	infos := make([]LockInfo, len(r.nodes))
 	errs := make([]error, len(r.nodes))
-	var wg sync.WaitGroup
-	for i, n := range r.nodes {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			infos[i], errs[i] = n.Inspect(ctx, name)
-			infos[i].Name, infos[i].Master = name, r.nodeName(i)
-			if errs[i] != nil {
-				infos[i].Error = errs[i].Error()
-			}
-		}()
-	}
-	wg.Wait()
+	r.each(func(i int, n *Client) {
+		infos[i], errs[i] = n.Inspect(ctx, name)
+		infos[i].Name, infos[i].Master = name, r.nodeName(i)
+		if errs[i] != nil {
+			infos[i].Error = errs[i].Error()
+		}
+	})
 	info := LockInfo{Name: name, Masters: infos}
 	byOwner := make(map[string][]LockInfo)
 	answered := 0
@@ -541,15 +529,7 @@ func (r *redlock) inspect(ctx context.Context, name string) (LockInfo, error) {
 func (r *redlock) forceRelease(ctx context.Context, name string) (bool, error) {
 	held := make([]bool, len(r.nodes))
 	errs := make([]error, len(r.nodes))
-	var wg sync.WaitGroup
-	for i, n := range r.nodes {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			held[i], errs[i] = n.ForceRelease(ctx, name)
-		}()
-	}
-	wg.Wait()
+	r.each(func(i int, n *Client) { held[i], errs[i] = n.ForceRelease(ctx, name) })
 	return slices.Contains(held, true), join(errs...)
 }
 

@@ -207,6 +207,24 @@ func TestRedlockWaitersAreServedInOrder(t *testing.T) {
 	}
 }
 
+// queueBehind starts a Lock of m and returns once it has waited in master 0's queue past the
+// bounded barging window (4 ms, as a single master allows a releaser that re-locks at once):
+// from then on its turn is its own. Its lease comes on the channel (nil on error).
+func queueBehind(ctx context.Context, t *testing.T, set *redlockSet, m *dlock.Mutex) <-chan *dlock.Lease {
+	t.Helper()
+	got := make(chan *dlock.Lease, 1)
+	go func() {
+		l, err := m.Lock(ctx)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- l
+	}()
+	waitQueuedRaw(t, set.raw[0], m.Name(), 1)
+	time.Sleep(10 * time.Millisecond)
+	return got
+}
+
 // waitQueuedRaw waits until n owners queue for the lock on one server.
 func waitQueuedRaw(t *testing.T, r *redis.Client, name string, n int) {
 	t.Helper()
@@ -325,18 +343,7 @@ func TestRedlockReleaserDoesNotOvertakeTheWaiter(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got := make(chan *dlock.Lease, 1)
-		go func() {
-			w, err := m.Lock(ctx)
-			if err != nil {
-				t.Error(err)
-			}
-			got <- w
-		}()
-		waitQueuedRaw(t, set.raw[0], name, 1)
-		// Past the bounded barging window (4 ms, as a single master allows a releaser that
-		// re-locks at once): from then on the first waiter's turn is its own.
-		time.Sleep(10 * time.Millisecond)
+		got := queueBehind(ctx, t, set, m)
 		if err := l.Unlock(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -457,16 +464,7 @@ func TestRedlockFaultyFirstMasterAfterContention(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := make(chan *dlock.Lease, 1)
-	go func() {
-		l, err := m.Lock(ctx) // waits: the next Lock of this lock queues on master 0 at once
-		if err != nil {
-			t.Error(err)
-		}
-		got <- l
-	}()
-	waitQueuedRaw(t, set.raw[0], name, 1)
-	time.Sleep(10 * time.Millisecond) // past the barging window: the waiter's turn is its own
+	got := queueBehind(ctx, t, set, m) // the next Lock of this lock then queues on master 0 at once
 	if err := l1.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -483,4 +481,62 @@ func TestRedlockFaultyFirstMasterAfterContention(t *testing.T) {
 		t.Fatalf("Lock with master 0 out of memory, after a contended acquisition: %v", err)
 	}
 	_ = l3.Unlock(ctx)
+}
+
+// A Redlock waiter whose ctx ends returns ErrNotObtained with the ctx's error and leaves no
+// place in any master's queue; one waiting when Close runs returns ErrClosed, and Close leaves
+// neither a hold nor a queue entry behind.
+func TestRedlockWaiterCtxAndClose(t *testing.T) {
+	ctx := ctxT(t)
+	set := startRedlock(t, 3, nil)
+	name := redistest.Name(t)
+	if _, err := set.c.Mutex(name).Lock(ctx); err != nil { // held until Close
+		t.Fatal(err)
+	}
+	wait := func(wctx context.Context) <-chan error {
+		done := make(chan error, 1)
+		go func() {
+			l, err := set.c.Mutex(name).Lock(wctx)
+			if err == nil {
+				_ = l.Unlock(ctx)
+			}
+			done <- err
+		}()
+		return done
+	}
+	queued := func() (n int64) {
+		for _, r := range set.raw {
+			n += r.ZCard(ctx, lockKey(name)+":queue").Val()
+		}
+		return n
+	}
+	noneQueued := func(when string) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); queued() > 0; time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %d places still queued", when, queued())
+			}
+		}
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	done := wait(wctx)
+	waitQueuedRaw(t, set.raw[0], name, 1)
+	cancel()
+	if err := <-done; !errors.Is(err, dlock.ErrNotObtained) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled waiter: %v, want ErrNotObtained and context.Canceled", err)
+	}
+	noneQueued("after the cancelled waiter")
+
+	done = wait(ctx)
+	waitQueuedRaw(t, set.raw[0], name, 1)
+	if err := set.c.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, dlock.ErrClosed) {
+		t.Fatalf("waiter at Close: %v, want ErrClosed", err)
+	}
+	noneQueued("after Close")
+	if n := set.holders(t, name); n != 0 {
+		t.Fatalf("lock key on %d masters after Close", n)
+	}
 }
