@@ -445,6 +445,11 @@ func TestRunOnARedlock(t *testing.T) {
 	if code, _, errs := runDlock(t, "run", "--redis", "redis://127.0.0.1:1", "--redis", "redis://127.0.0.1:2", name, "--", "true"); code != exitUsage || !strings.Contains(errs, "at least 3") {
 		t.Fatalf("two --redis: exit %d: %s", code, errs)
 	}
+	// A master that does not answer at start is named, not taken for one that is down.
+	down := append(append([]string{"run"}, flags[:4]...), "--redis", "redis://127.0.0.1:1", name+"-2", "--", "true")
+	if code, _, errs := runDlock(t, down...); code != exitError || !strings.Contains(errs, "cannot reach Redis at redis://127.0.0.1:1") {
+		t.Fatalf("a master down at start: exit %d: %s", code, errs)
+	}
 }
 
 // --replica-ack N[/TIMEOUT] takes the lock only once a replica acknowledged it; a bad value
