@@ -68,18 +68,23 @@ func main() {
 		fmt.Fprintln(os.Stderr, "safety:", err)
 		os.Exit(1)
 	}
+	repl, err := runReplication(p, *only, *seed)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "safety:", err)
+		os.Exit(1)
+	}
 	if *out != "" {
 		if err := os.MkdirAll(*out, 0o755); err != nil {
 			fmt.Fprintln(os.Stderr, "safety:", err)
 			os.Exit(1)
 		}
 		info := runInfo{Quick: quick, Seed: *seed, Elapsed: time.Since(start), P: p}
-		if err := writeReport(filepath.Clean(*out), results, info); err != nil {
+		if err := writeReport(filepath.Clean(*out), results, repl, info); err != nil {
 			fmt.Fprintln(os.Stderr, "safety:", err)
 			os.Exit(1)
 		}
 	}
-	fmt.Println(summaryLine(results))
+	fmt.Println(summaryLine(results, repl))
 	unknown := 0
 	for _, r := range results {
 		unknown += r.Verdict.PorcupineUnknown
@@ -87,12 +92,15 @@ func main() {
 	if unknown > 0 {
 		fmt.Fprintf(os.Stderr, "safety: porcupine could not decide %d lock histories in time: the run proves nothing about them\n", unknown)
 	}
-	if violations, caught, controls := tally(results); violations > 0 || caught < controls || unknown > 0 {
+	if violations, caught, controls := tally(results, repl); violations > 0 || caught < controls || unknown > 0 {
 		os.Exit(1)
 	}
 }
 
-func tally(results []result) (violations, caught, controls int) {
+func tally(results []result, repl []replResult) (violations, caught, controls int) {
+	for _, r := range repl {
+		violations += r.Violations()
+	}
 	for _, r := range results {
 		if r.Control {
 			controls++
@@ -107,14 +115,18 @@ func tally(results []result) (violations, caught, controls int) {
 }
 
 // summaryLine is the run's last line: ops, faults, violations, and the controls' catch.
-func summaryLine(results []result) string {
+func summaryLine(results []result, repl []replResult) string {
 	ops, faults := 0, 0
 	for _, r := range results {
 		ops += r.Verdict.Ops
 		faults += r.Faults
 	}
-	violations, caught, controls := tally(results)
-	return fmt.Sprintf("safety: %d ops, %d faults, %d violations, controls caught %d/%d", ops, faults, violations, caught, controls)
+	trials := 0
+	for _, r := range repl {
+		trials += r.Trials
+	}
+	violations, caught, controls := tally(results, repl)
+	return fmt.Sprintf("safety: %d ops, %d faults, %d replication faults, %d violations, controls caught %d/%d", ops, faults, trials, violations, caught, controls)
 }
 
 func init() {

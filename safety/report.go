@@ -18,8 +18,42 @@ type runInfo struct {
 	P       params
 }
 
-// writeReport writes SAFETY.md (the table of this run) and safety.jsonl into dir.
-func writeReport(dir string, results []result, info runInfo) error {
+// writeReport writes SAFETY.md and safety.jsonl into dir (the scenarios' part) and the
+// replication part of SAFETY.md and safety-replication.jsonl; a run that ran none of one part
+// keeps what an earlier run wrote there.
+func writeReport(dir string, results []result, repl []replResult, info runInfo) error {
+	path := filepath.Join(dir, "SAFETY.md")
+	old, _ := os.ReadFile(path)
+	body, section, _ := strings.Cut(string(old), replicationMark)
+	if len(results) > 0 {
+		var err error
+		if body, err = writeScenarios(dir, results, info); err != nil {
+			return err
+		}
+	}
+	if len(repl) > 0 {
+		var jl strings.Builder
+		for _, r := range repl {
+			b, _ := json.Marshal(r)
+			jl.Write(b)
+			jl.WriteByte('\n')
+		}
+		if err := os.WriteFile(filepath.Join(dir, "safety-replication.jsonl"), []byte(jl.String()), 0o644); err != nil {
+			return err
+		}
+		section = "\n" + replicationSection(repl, info)
+	}
+	if section != "" {
+		body = strings.TrimRight(body, "\n") + "\n\n" + replicationMark + section
+	}
+	return os.WriteFile(path, []byte(body), 0o644)
+}
+
+// replicationMark starts SAFETY.md's replication part.
+const replicationMark = "<!-- replication: written by runs that include the F8 and redlock-restart trials -->"
+
+// writeScenarios writes safety.jsonl and returns SAFETY.md's scenarios part.
+func writeScenarios(dir string, results []result, info runInfo) (string, error) {
 	var jl strings.Builder
 	for _, r := range results {
 		b, _ := json.Marshal(r)
@@ -27,7 +61,7 @@ func writeReport(dir string, results []result, info runInfo) error {
 		jl.WriteByte('\n')
 	}
 	if err := os.WriteFile(filepath.Join(dir, "safety.jsonl"), []byte(jl.String()), 0o644); err != nil {
-		return err
+		return "", err
 	}
 	var b strings.Builder
 	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
@@ -118,7 +152,7 @@ func writeReport(dir string, results []result, info runInfo) error {
 			v.LeasesLost, v.Overlaps, v.DoubleGrants, v.TokenRegressions, v.StaleAccepted, v.LostUpdates, v.ForeignReleases, v.ExpiredHandedOut,
 			v.FalseLosses, v.ReentryErrors, v.Porcupine, v.PorcupineUnknown, v.Unknown, viol, strings.Join(exp, ", "))
 	}
-	p("\n```\n%s\n```\n\n", summaryLine(results))
+	p("\n```\n%s\n```\n\n", summaryLine(results, nil))
 	p("Faults: F1 SIGSTOP pauses of a lock holder (%d nemesis loops); F2, F4 and F5 one fault at a time; F3 slowed writes (%d loops); F6 kills; F9 clock steps (each steps every client); ",
 		min(pp.locks, 3), min(pp.locks, 3))
 	p("notify: notification-connection kills (a forced release is not counted as a fault); cluster-*: failovers.\n")
@@ -133,7 +167,7 @@ func writeReport(dir string, results []result, info runInfo) error {
 		}
 		p("- **%s** (seed %d): %s.%s\n", r.Scenario.Name, r.Seed, r.Scenario.About, catch)
 	}
-	return os.WriteFile(filepath.Join(dir, "SAFETY.md"), []byte(b.String()), 0o644)
+	return b.String(), nil
 }
 
 // writeDefaultMode writes the figures of the default-mode, notification and Cluster

@@ -396,6 +396,30 @@ func (g *SentinelGroup) KillMaster() (*Server, time.Time, error) {
 	return now, at, err
 }
 
+// Rejoin restarts old, a server the group failed over from (KillMaster), and makes it a
+// replica of the current master at once (the sentinels would, some seconds later); it returns
+// once its link is up and no sentinel has a failover in progress, so the group is whole
+// again. A server restarted without persistence comes back empty and copies the master.
+func (g *SentinelGroup) Rejoin(old *Server) error {
+	now := g.Master()
+	if now == nil || now == old {
+		return fmt.Errorf("redisserver: rejoin %s: no other master reported", old.Addr)
+	}
+	if !old.Running() {
+		if err := old.Restart(); err != nil {
+			return err
+		}
+	}
+	host, port, _ := strings.Cut(now.Addr, ":")
+	if err := old.adminClient().ReplicaOf(context.Background(), host, port).Err(); err != nil {
+		return fmt.Errorf("redisserver: rejoin: REPLICAOF on %s: %w", old.Addr, err)
+	}
+	if err := waitLinkUp(old, 10*time.Second); err != nil {
+		return err
+	}
+	return g.waitFailoverEnd(15 * time.Second)
+}
+
 // awaitNewMaster waits until every running sentinel reports the same master other than old
 // and that server's ROLE is master. The time returned is when that ROLE was first seen: the
 // servers' roles are polled every 10ms, as a replica turns master before the sentinels
