@@ -180,7 +180,7 @@ func (c *Client) tryHold(ctx context.Context, s holdSpec, queue bool) (*hold, ti
 		strings.Join(s.undo, " "), s.sem.n, s.sem.permits}
 	var res []int64
 	var err error
-	if a := s.cfg.ack; a.n > 0 {
+	if a := s.cfg.ack; a.on() {
 		var r ackedCall
 		if r, err = c.runAcked(ctx, a, scripts.Acquire, ks, args...); err != nil {
 			if errors.Is(err, ErrInvalid) {
@@ -490,7 +490,7 @@ func (c *Client) startGranted(ctx context.Context, s holdSpec, g *grantMsg, queu
 	if err := c.checkOpen(); err != nil {
 		return nil // the wait ends on Close and leaves the queue, giving the grant back
 	}
-	if s.cfg.ack.n > 0 {
+	if s.cfg.ack.on() {
 		// The grant's write was made on another connection: the wait's next attempt, at once,
 		// confirms it and has it acknowledged on its own (replicaack.go).
 		return nil

@@ -116,8 +116,11 @@ func cohortVariant(cfg config) string {
 	// Handles that differ in replica acknowledgement never share holds: a hold taken without
 	// it must not be handed to a caller that asked for it.
 	ack := ""
-	if cfg.ack.n > 0 {
-		ack = "/a" + strconv.Itoa(cfg.ack.n) + "t" + strconv.FormatInt(cfg.ack.timeout.Milliseconds(), 10)
+	if a := cfg.ack; a.on() {
+		ack = "/a" + strconv.Itoa(a.n) + "t" + strconv.FormatInt(a.timeout.Milliseconds(), 10)
+		if a.aof {
+			ack += "f" + strconv.FormatBool(a.local)
+		}
 	}
 	if !cfg.ttlSet && !cfg.fixedLease && cfg.drift == nil {
 		return ack

@@ -120,7 +120,7 @@ func (h *hold) extend(ctx context.Context, ttl time.Duration) error {
 	var n int
 	var err error
 	var unacked error
-	if a := h.cfg.ack; a.n > 0 {
+	if a := h.cfg.ack; a.on() {
 		var r ackedCall
 		if r, err = h.c.runAcked(ctx, a, scripts.Extend, []string{h.keys.lock}, h.holdID, ttl.Milliseconds()); err != nil {
 			if errors.Is(err, ErrInvalid) {

@@ -87,7 +87,7 @@ func (c *Client) MultiLock(names []string, opts ...Option) *MultiLock {
 	}
 	ml.err = join(errs...)
 	// Under WithReplicaAck members go one by one: each acquisition is acknowledged on its own.
-	ml.together.Store(ml.err == nil && ml.cfg.ack.n == 0 && c.oneSlot(ml.keys))
+	ml.together.Store(ml.err == nil && !ml.cfg.ack.on() && c.oneSlot(ml.keys))
 	return ml
 }
 

@@ -182,15 +182,13 @@ func (r *renewer) renewBatch(ctx context.Context, due []*hold) {
 	// on the same connection (replicaack.go), waiting for the most any of its holds asks.
 	var ack replicaAck
 	for _, l := range due {
-		if a := l.cfg.ack; a.n > ack.n || (a.n > 0 && a.timeout > ack.timeout) {
-			ack = replicaAck{n: max(ack.n, a.n), timeout: max(ack.timeout, a.timeout)}
-		}
+		ack = ack.merge(l.cfg.ack)
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout+ack.timeout)
 	defer cancel()
 	var rdb redis.Cmdable = r.c.rdb
 	var wait *redis.Cmd
-	if ack.n > 0 {
+	if ack.on() {
 		node, err := r.c.ackNode(ctx, due[0].keys.lock)
 		if err != nil {
 			for i, l := range due {
@@ -206,9 +204,8 @@ func (r *renewer) renewBatch(ctx context.Context, due []*hold) {
 	for i, l := range due {
 		cmds[i] = scripts.Extend.EvalSha(ctx, pipe, []string{l.keys.lock}, l.holdID, ttls[i].Milliseconds())
 	}
-	if ack.n > 0 {
-		pipe.Set(ctx, due[0].keys.lock+ackSuffix, 1, ackKeyTTL)
-		wait = pipe.Do(ctx, "WAIT", ack.n, ack.timeout.Milliseconds())
+	if ack.on() {
+		wait = ack.send(ctx, pipe, due[0].keys.lock)
 	}
 	_, _ = pipe.Exec(ctx)
 
@@ -216,7 +213,7 @@ func (r *renewer) renewBatch(ctx context.Context, due []*hold) {
 	for i, l := range due {
 		n, err := cmds[i].Int()
 		if err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
-			if ack.n > 0 {
+			if ack.on() {
 				// A fallback call would be on another connection, where WAIT proves nothing:
 				// cache the script (once per batch, through an acked Extend of this hold, whose
 				// outcome is not used) and renew again soon.
@@ -228,8 +225,8 @@ func (r *renewer) renewBatch(ctx context.Context, due []*hold) {
 				n, err = scripts.Extend.Run(ctx, rdb, []string{l.keys.lock}, l.holdID, ttls[i].Milliseconds()).Int()
 			}
 		}
-		if a := l.cfg.ack; err == nil && n != 0 && a.n > 0 {
-			if acked, werr := wait.Int64(); werr != nil || acked < int64(a.n) {
+		if a := l.cfg.ack; err == nil && n != 0 && a.on() {
+			if a.short(ack.read(wait)) {
 				// Renewed in Redis but not acknowledged: it does not count. The lease keeps
 				// its deadline, and the next try comes soon (a renewal that is acknowledged
 				// counts from when it was sent).

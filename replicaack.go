@@ -2,6 +2,7 @@ package dlock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -27,10 +28,73 @@ const ackKeyTTL = time.Millisecond
 // ackSuffix names a lock's ack key (same hash tag, so the same node and slot as the lock).
 const ackSuffix = ":ack"
 
-// replicaAck is WithReplicaAck's setting; n == 0 means off.
+// replicaAck is WithReplicaAck's or WithReplicaAckAOF's setting; off when it waits for nothing.
 type replicaAck struct {
-	n       int
+	n       int // replicas
 	timeout time.Duration
+	aof     bool // WAITAOF: acknowledged means fsynced to the append-only file
+	local   bool // WAITAOF waits for the master's own fsync too
+}
+
+// on reports whether writes wait for an acknowledgement.
+func (a replicaAck) on() bool { return a.n > 0 || a.local }
+
+// merge returns the setting that satisfies both a and b: a batch of renewals waits once, for
+// the most any of its holds asks (a WAITAOF answer covers a WAIT: fsynced means received).
+func (a replicaAck) merge(b replicaAck) replicaAck {
+	if !b.on() {
+		return a
+	}
+	if !a.on() {
+		return b
+	}
+	return replicaAck{n: max(a.n, b.n), timeout: max(a.timeout, b.timeout), aof: a.aof || b.aof, local: a.local || b.local}
+}
+
+// send queues, after a write to key on pipe, the ack write and the wait for a.
+func (a replicaAck) send(ctx context.Context, pipe redis.Pipeliner, key string) *redis.Cmd {
+	pipe.Set(ctx, key+ackSuffix, 1, ackKeyTTL)
+	if a.aof {
+		local := 0
+		if a.local {
+			local = 1
+		}
+		return pipe.Do(ctx, "WAITAOF", local, a.n, a.timeout.Milliseconds())
+	}
+	return pipe.Do(ctx, "WAIT", a.n, a.timeout.Milliseconds())
+}
+
+// ackReply is what WAIT or WAITAOF answered: the replicas that acknowledged, whether the
+// master's own fsync did (WAITAOF), or the error that left nothing acknowledged.
+type ackReply struct {
+	replicas int64
+	local    bool
+	err      error
+}
+
+// read parses the reply of the command send queued under a.
+func (a replicaAck) read(cmd *redis.Cmd) ackReply {
+	if !a.aof {
+		n, err := cmd.Int64()
+		return ackReply{replicas: n, err: err}
+	}
+	v, err := cmd.Int64Slice()
+	if err != nil {
+		if msg := err.Error(); strings.Contains(msg, "unknown command") || strings.Contains(msg, "appendonly") {
+			// Redis before 7.2 has no WAITAOF; local fsync needs appendonly yes.
+			err = fmt.Errorf("%w: WithReplicaAckAOF needs WAITAOF (Redis 7.2 or later) and, to wait for the master's own fsync, appendonly yes: %v", ErrInvalid, err)
+		}
+		return ackReply{err: err}
+	}
+	if len(v) != 2 {
+		return ackReply{err: fmt.Errorf("unexpected WAITAOF reply %v", v)}
+	}
+	return ackReply{local: v[0] > 0, replicas: v[1]}
+}
+
+// short reports whether r leaves a write not acknowledged as a asks.
+func (a replicaAck) short(r ackReply) bool {
+	return r.err != nil || r.replicas < int64(a.n) || (a.local && !r.local)
 }
 
 // WithReplicaAck makes every acquisition, extending re-entry, renewal and grant count only once
@@ -53,8 +117,24 @@ func WithReplicaAck(n int, timeout time.Duration) Option {
 	return func(c *config) { c.ack = replicaAck{n: n, timeout: timeout} }
 }
 
+// WithReplicaAckAOF is WithReplicaAck with a stronger acknowledgement: n replicas fsynced the
+// write to their append-only file (Redis WAITAOF), and, when local is true, so did the lock's
+// master, all within timeout. A replica that acknowledged then keeps the hold across its own
+// restart (if it runs with appendonly yes and loads its AOF). Everything else is as for
+// WithReplicaAck, whose setting it replaces (the last of the two options wins). It needs
+// Redis 7.2 or later, and appendonly yes on the master when local is true: otherwise
+// acquisitions are undone and return ErrInvalid naming what is missing. n must be at least 0,
+// timeout at least 1ms, and it must wait for something (n >= 1 or local); otherwise Lock and
+// TryLock return ErrInvalid.
+func WithReplicaAckAOF(local bool, n int, timeout time.Duration) Option {
+	return func(c *config) { c.ack = replicaAck{n: n, timeout: timeout, aof: true, local: local} }
+}
+
 func (a replicaAck) validate() error {
-	if a.n < 0 || (a.n > 0 && a.timeout < time.Millisecond) {
+	switch {
+	case a.aof && (a.n < 0 || !a.on() || a.timeout < time.Millisecond):
+		return fmt.Errorf("%w: WithReplicaAckAOF(%v, %d, %v): needs n >= 0, n >= 1 or local, and a timeout of at least 1ms", ErrInvalid, a.local, a.n, a.timeout)
+	case !a.aof && (a.n < 0 || (a.n > 0 && a.timeout < time.Millisecond)):
 		return fmt.Errorf("%w: WithReplicaAck(%d, %v): needs n >= 0 and a timeout of at least 1ms", ErrInvalid, a.n, a.timeout)
 	}
 	return nil
@@ -76,20 +156,20 @@ func (c *Client) ackNode(ctx context.Context, key string) (*redis.Client, error)
 	return nil, fmt.Errorf("%w: WithReplicaAck needs a *redis.Client or *redis.ClusterClient, not %T", ErrInvalid, c.rdb)
 }
 
-// ackedCall is the outcome of a pipeline sent by runAcked: the script's reply, and how many
-// replicas acknowledged (valid when wait is nil).
+// ackedCall is the outcome of a pipeline sent by runAcked: the script's reply, and the
+// acknowledgement's.
 type ackedCall struct {
-	cmd   *redis.Cmd
-	acked int64
-	wait  error
+	cmd *redis.Cmd
+	ack ackReply
 }
 
 // short reports whether the call's write counts as not acknowledged under a.
-func (r ackedCall) short(a replicaAck) bool { return r.wait != nil || r.acked < int64(a.n) }
+func (r ackedCall) short(a replicaAck) bool { return a.short(r.ack) }
 
 // runAcked runs script on the node of keys[0] followed, on the same connection, by the ack
-// write and WAIT for a. The script's error is in the returned cmd; an error of WAIT (its
-// reply lost, say) leaves wait set: the script may have run, but nothing is acknowledged.
+// write and WAIT (or WAITAOF) for a. The script's error is in the returned cmd; an error of
+// the wait (its reply lost, say) is in the ack reply: the script may have run, but nothing is
+// acknowledged.
 func (c *Client) runAcked(ctx context.Context, a replicaAck, script *redis.Script, keys []string, args ...any) (ackedCall, error) {
 	node, err := c.ackNode(ctx, keys[0])
 	if err != nil {
@@ -105,25 +185,27 @@ func (c *Client) runAcked(ctx context.Context, a replicaAck, script *redis.Scrip
 		} else {
 			cmd = script.Eval(ctx, pipe, keys, args...)
 		}
-		pipe.Set(ctx, keys[0]+ackSuffix, 1, ackKeyTTL)
-		wait := pipe.Do(ctx, "WAIT", a.n, a.timeout.Milliseconds())
+		wait := a.send(ctx, pipe, keys[0])
 		_, _ = pipe.Exec(ctx)
 		if err := cmd.Err(); try == 0 && err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
 			continue
 		}
-		n, werr := wait.Int64()
-		return ackedCall{cmd: cmd, acked: n, wait: werr}, nil
+		return ackedCall{cmd: cmd, ack: a.read(wait)}, nil
 	}
 }
 
-// notReplicated is the error of a write to key (lock name) that a.n replicas did not
-// acknowledge: it says how many did and, when the master has fewer connected replicas than
-// asked for, that it never could.
+// notReplicated is the error of a write to key (lock name) that was not acknowledged as a
+// asks: it says how many replicas did and, when the master has fewer connected replicas than
+// asked for, that it never could. A server that cannot answer the wait at all (no WAITAOF)
+// gives ErrInvalid.
 func (c *Client) notReplicated(ctx context.Context, name, key string, a replicaAck, r ackedCall) error {
-	if r.wait != nil {
+	if err := r.ack.err; err != nil {
+		if errors.Is(err, ErrInvalid) {
+			return fmt.Errorf("lock %q: %w", name, err)
+		}
 		// Not wrapped as ErrUnavailable: the acquisition was undone, and a wait must end rather
 		// than retry under a hold id the undo marked given up.
-		return fmt.Errorf("%w: lock %q: WAIT failed: %v", ErrNotReplicated, name, r.wait)
+		return fmt.Errorf("%w: lock %q: %s failed: %v", ErrNotReplicated, name, a.command(), err)
 	}
 	more := ""
 	if node, err := c.ackNode(ctx, key); err == nil {
@@ -133,7 +215,19 @@ func (c *Client) notReplicated(ctx context.Context, name, key string, a replicaA
 			}
 		}
 	}
-	return fmt.Errorf("%w: lock %q: %d of %d replicas acknowledged within %v%s", ErrNotReplicated, name, r.acked, a.n, a.timeout, more)
+	if a.aof {
+		return fmt.Errorf("%w: lock %q: %d of %d replicas fsynced it to their AOF within %v (the master's own fsync: %v, asked: %v)%s",
+			ErrNotReplicated, name, r.ack.replicas, a.n, a.timeout, r.ack.local, a.local, more)
+	}
+	return fmt.Errorf("%w: lock %q: %d of %d replicas acknowledged within %v%s", ErrNotReplicated, name, r.ack.replicas, a.n, a.timeout, more)
+}
+
+// command names the wait a sends.
+func (a replicaAck) command() string {
+	if a.aof {
+		return "WAITAOF"
+	}
+	return "WAIT"
 }
 
 // infoValue returns field's value in an INFO reply, or "".

@@ -1,6 +1,7 @@
 package dlock_test
 
 import (
+	"context"
 	"errors"
 	"slices"
 	"strings"
@@ -206,6 +207,39 @@ func TestReplicaAckInvalid(t *testing.T) {
 	if n, _ := rdb.Exists(ctx, lockKey(name)).Result(); n != 0 {
 		t.Fatalf("a refused call wrote the lock key")
 	}
+}
+
+// WithReplicaAckAOF on a server that cannot answer WAITAOF as asked (Redis 7.0 has no WAITAOF;
+// 7.2 refuses a local fsync without appendonly) gives ErrInvalid naming what is missing, from
+// TryLock and from a Lock that would otherwise wait, and leaves the lock free; bad settings
+// are refused before anything is sent.
+func TestReplicaAckAOFNeedsWaitAOF(t *testing.T) {
+	c, rdb := newClient(t)
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	for _, o := range []dlock.Option{dlock.WithReplicaAckAOF(false, 0, time.Second), dlock.WithReplicaAckAOF(true, -1, time.Second),
+		dlock.WithReplicaAckAOF(true, 1, 0)} {
+		if _, err := c.Mutex(name, o).TryLock(ctx); !errors.Is(err, dlock.ErrInvalid) || !strings.Contains(err.Error(), "WithReplicaAckAOF(") {
+			t.Fatalf("TryLock = %v; want ErrInvalid naming the setting", err)
+		}
+	}
+	m := c.Mutex(name, dlock.WithReplicaAckAOF(true, 0, 100*time.Millisecond))
+	if _, err := m.TryLock(ctx); !errors.Is(err, dlock.ErrInvalid) || !strings.Contains(err.Error(), "Redis 7.2") {
+		t.Fatalf("TryLock = %v; want ErrInvalid naming Redis 7.2", err)
+	}
+	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := m.Lock(lctx); !errors.Is(err, dlock.ErrInvalid) {
+		t.Fatalf("Lock = %v; want ErrInvalid at once", err)
+	}
+	if n, _ := rdb.Exists(ctx, lockKey(name)).Result(); n != 0 {
+		t.Fatalf("the refused acquisitions left the lock key behind")
+	}
+	l, err := c.Mutex(name).TryLock(ctx)
+	if err != nil {
+		t.Fatalf("a plain TryLock after them: %v", err)
+	}
+	_ = l.Unlock(ctx)
 }
 
 // A lock a release grants to a waiter is not handed out before a replica acknowledged it: with
