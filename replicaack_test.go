@@ -348,3 +348,48 @@ func TestReplicaAckWithoutWaitPermission(t *testing.T) {
 	}
 	_ = l.Unlock(ctx)
 }
+
+// On a Redis Cluster the acknowledgement is asked of the master of the lock's slot, on the
+// connection that wrote: for a lock on each master, the lease's hold is on that master's
+// replica when TryLock returns, and with that replica frozen TryLock returns ErrNotReplicated
+// and leaves the lock free. (A WAIT sent to another node, or on another connection, answers
+// at once with its replicas and would hand the lease out.)
+func TestReplicaAckOnACluster(t *testing.T) {
+	cl := redistest.StartClusterT(t, redistest.ClusterConfig{})
+	cc := cl.Client()
+	defer cc.Close()
+	ctx := ctxT(t)
+	c := dlock.New(cc, dlock.WithReplicaAck(1, 300*time.Millisecond))
+	defer c.Close(ctx)
+	for _, master := range cl.Masters() {
+		replica := cl.ReplicaOf(master)
+		if replica == nil {
+			t.Fatalf("master %s has no replica", master.Addr)
+		}
+		rrep := redis.NewClient(&redis.Options{Addr: replica.Addr, OnConnect: func(ctx context.Context, cn *redis.Conn) error {
+			return cn.ReadOnly(ctx).Err()
+		}})
+		defer rrep.Close()
+		names := namesOn(t, cc, master, 2)
+		l, err := c.Mutex(names[0]).TryLock(ctx)
+		if err != nil {
+			t.Fatalf("TryLock on master %s: %v", master.Addr, err)
+		}
+		tok, err := rrep.HGet(ctx, lockKey(names[0]), "#t").Uint64()
+		if err != nil || tok != l.Token() {
+			t.Fatalf("replica %s of %s: token %d (%v) when TryLock returned, want the lease's %d", replica.Addr, master.Addr, tok, err, l.Token())
+		}
+		resume := pauseReplica(t, replica)
+		_, err = c.Mutex(names[1]).TryLock(ctx)
+		resume()
+		if !errors.Is(err, dlock.ErrNotReplicated) {
+			t.Fatalf("TryLock with the replica %s of %s frozen = %v; want ErrNotReplicated", replica.Addr, master.Addr, err)
+		}
+		if n, _ := cc.Exists(ctx, lockKey(names[1])).Result(); n != 0 {
+			t.Fatalf("the unacknowledged acquisition on %s left the lock key behind", master.Addr)
+		}
+		if err := l.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
