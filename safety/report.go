@@ -12,10 +12,12 @@ import (
 
 // runInfo is what a report says about the run as a whole.
 type runInfo struct {
-	Quick   bool
-	Seed    int64
-	Elapsed time.Duration
-	P       params
+	Quick       bool
+	Seed        int64
+	Elapsed     time.Duration // the scenarios'
+	ReplElapsed time.Duration // the replication trials' (they run at once)
+	Only        string        // -only
+	P           params
 }
 
 // writeReport writes SAFETY.md and safety.jsonl into dir (the scenarios' part) and the
@@ -23,10 +25,12 @@ type runInfo struct {
 // keeps what an earlier run wrote there.
 func writeReport(dir string, results []result, repl []replResult, info runInfo) error {
 	path := filepath.Join(dir, "SAFETY.md")
-	old, _ := os.ReadFile(path)
+	old, err := os.ReadFile(path)
+	if err != nil && !os.IsNotExist(err) {
+		return err // a part this run did not redo would be lost
+	}
 	body, section, _ := strings.Cut(string(old), replicationMark)
 	if len(results) > 0 {
-		var err error
 		if body, err = writeScenarios(dir, results, info); err != nil {
 			return err
 		}
@@ -152,7 +156,7 @@ func writeScenarios(dir string, results []result, info runInfo) (string, error) 
 			v.LeasesLost, v.Overlaps, v.DoubleGrants, v.TokenRegressions, v.StaleAccepted, v.LostUpdates, v.ForeignReleases, v.ExpiredHandedOut,
 			v.FalseLosses, v.ReentryErrors, v.Porcupine, v.PorcupineUnknown, v.Unknown, viol, strings.Join(exp, ", "))
 	}
-	p("\n```\n%s\n```\n\n", summaryLine(results, nil))
+	p("\n```\n%s\n```\n\n", summaryLine(results, nil, info.P))
 	p("Faults: F1 SIGSTOP pauses of a lock holder (%d nemesis loops); F2, F4 and F5 one fault at a time; F3 slowed writes (%d loops); F6 kills; F9 clock steps (each steps every client); ",
 		min(pp.locks, 3), min(pp.locks, 3))
 	p("notify: notification-connection kills (a forced release is not counted as a fault); cluster-*: failovers.\n")

@@ -420,6 +420,36 @@ func (g *SentinelGroup) Rejoin(old *Server) error {
 	return g.waitFailoverEnd(15 * time.Second)
 }
 
+// ReplicaPrioritySeen reports whether every running sentinel lists replica with
+// replica-priority p (a sentinel reads a replica's INFO every 10s, so a CONFIG SET shows up
+// there late; until then it would promote by the old value).
+func (g *SentinelGroup) ReplicaPrioritySeen(replica *Server, p int) (bool, error) {
+	ctx := context.Background()
+	for _, s := range g.sentinels {
+		if !s.Running() {
+			continue
+		}
+		rs, err := s.adminClient().Do(ctx, "SENTINEL", "REPLICAS", g.name).Slice()
+		if err != nil {
+			return false, fmt.Errorf("redisserver: SENTINEL REPLICAS on %s: %w", s.Addr, err)
+		}
+		found := false
+		for _, r := range rs {
+			m, _ := sentinelMap(r, nil)
+			if m["name"] == replica.Addr {
+				found = true
+				if m["slave-priority"] != strconv.Itoa(p) {
+					return false, nil
+				}
+			}
+		}
+		if !found {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
 // awaitNewMaster waits until every running sentinel reports the same master other than old
 // and that server's ROLE is master. The time returned is when that ROLE was first seen: the
 // servers' roles are polled every 10ms, as a replica turns master before the sentinels
