@@ -190,11 +190,16 @@ func (c *Client) tryHold(ctx context.Context, s holdSpec, queue bool) (*hold, ti
 		}
 		res, err = r.cmd.Int64Slice()
 		if err == nil && len(res) > 1 && res[0] == 1 && r.short(a) {
-			// Taken but not acknowledged: give it back now, so the caller holds nothing.
+			// Taken but not acknowledged: give it back now, on the node that took it (a Cluster
+			// client's first routed call may first ask a frozen replica for command info).
 			rctx, cancel := context.WithTimeout(c.cleanup, abandonTimeout)
-			_, _ = runRelease(rctx, c, s.keys, s.owner, holdID, s.access, s.sem, releaseIfAcquired)
+			_, uerr := runReleaseOn(rctx, r.node, c, s.keys, s.owner, holdID, s.access, s.sem, releaseIfAcquired)
 			cancel()
-			return nil, 0, c.notReplicated(ctx, s.name, k.lock, a, r)
+			err := c.notReplicated(ctx, s.name, k.lock, a, r)
+			if uerr != nil {
+				err = fmt.Errorf("%w; giving it back failed, so it stays held until its TTL: %v", err, uerr)
+			}
+			return nil, 0, err
 		}
 	} else {
 		res, err = scripts.Acquire.Run(ctx, c.rdb, ks, args...).Int64Slice()

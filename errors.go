@@ -42,14 +42,15 @@ var (
 	ErrUnavailable = errors.New("dlock: redis unavailable")
 
 	// ErrIncompatible means the deployment cannot run dlock's scripts safely: the server is
-	// older than Redis 7.0, or the lock's keys were written in another key layout (by another
+	// older than Redis 7.0 (or before 7.2 for WithReplicaAckAOF, which also matches ErrInvalid
+	// then), or the lock's keys were written in another key layout (by another
 	// dlock version during an upgrade). Nothing was changed; the lock is left as it was.
 	ErrIncompatible = errors.New("dlock: incompatible server or key layout")
 
 	// ErrNotReplicated means a write was not acknowledged by as many replicas as
-	// WithReplicaAck asks for within its timeout: an acquisition was undone (the caller does
-	// not hold the lock), or Lease.Extend did not extend the lease. The error says how many
-	// replicas acknowledged and how many the master has.
+	// WithReplicaAck (or WithReplicaAckAOF) asks for within its timeout: an acquisition was
+	// undone (the caller does not hold the lock), or Lease.Extend did not extend the lease. The
+	// error says how many replicas acknowledged and how many the master has.
 	ErrNotReplicated = errors.New("dlock: not acknowledged by enough replicas")
 )
 

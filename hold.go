@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock/internal/scripts"
+	"github.com/redis/go-redis/v9"
 )
 
 type holdState int
@@ -237,7 +238,13 @@ const (
 // runRelease runs the release script for owner's hold holdID in mode; undo, for a waiter
 // leaving the queue, names its wait's earlier hold ids whose holds go too (holdSpec.undo).
 func runRelease(ctx context.Context, c *Client, k keys, owner, holdID string, a access, sem semSpec, mode releaseMode, undo ...string) (int, error) {
-	return scripts.Release.Run(ctx, c.rdb,
+	return runReleaseOn(ctx, c.rdb, c, k, owner, holdID, a, sem, mode, undo...)
+}
+
+// runReleaseOn is runRelease sent through rdb: a node's own client where the Client's would
+// route it (a Cluster's) through calls of its own that may hang on another node.
+func runReleaseOn(ctx context.Context, rdb redis.Scripter, c *Client, k keys, owner, holdID string, a access, sem semSpec, mode releaseMode, undo ...string) (int, error) {
+	return scripts.Release.Run(ctx, rdb,
 		[]string{k.lock, k.opLog, k.fence, k.queue, k.live},
 		owner, holdID, opLogTTL.Milliseconds(), k.channel, mode == releaseIfAcquired,
 		grantGrace.Milliseconds(), c.publishCmd, mode == releaseLeavingQueue,

@@ -399,8 +399,9 @@ func (l *Lease) TTL() time.Duration {
 // once: if the master dies, or turns out to have been demoted, before its replica got the
 // Extend, the promoted replica expires the key by the earlier TTL while the lease still runs.
 // Fence what matters, or let the watchdog renew (the default) rather than Extend a fixed lease.
-// Under WithReplicaAck an Extend the replicas did not acknowledge returns ErrNotReplicated and
-// leaves the lease's deadline as it was (the TTL in Redis may have grown).
+// Under WithReplicaAck (or WithReplicaAckAOF) an Extend the replicas did not acknowledge
+// returns ErrNotReplicated (ErrInvalid when the server cannot answer WAITAOF) and leaves the
+// lease's deadline as it was (the TTL in Redis may have grown).
 func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if l == nil {
 		return fmt.Errorf("%w: Extend of a nil Lease", ErrNotHeld)

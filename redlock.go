@@ -256,7 +256,7 @@ func (r *redlock) take(ctx context.Context, c *Client, s holdSpec, wait bool) ([
 			case err == nil:
 			case errors.Is(err, ErrUnavailable) || errors.Is(err, ErrNotObtained):
 				unavailable = append(unavailable, err)
-			case errors.Is(err, ErrInvalid):
+			case errors.Is(err, ErrInvalid) && !errors.Is(err, ErrIncompatible):
 				hard = append(hard, err) // the caller's: every master says so
 			default:
 				// A master's own fault (OOM, NOPERM, another version's key): it counts as a
@@ -335,9 +335,10 @@ func (r *redlock) take(ctx context.Context, c *Client, s holdSpec, wait bool) ([
 
 // masterFault reports whether err, from a wait on one master, is that master's alone (silent,
 // out of memory, refusing the user, its go-redis client closed): the call goes on with the
-// others. The caller's ctx ending, a bad argument and the Redlock Client closing are not.
+// others (so is a setting that master's server cannot serve: ErrIncompatible). The caller's ctx
+// ending, a bad argument and the Redlock Client closing are not.
 func masterFault(ctx context.Context, err error) bool {
-	return ctx.Err() == nil && !errors.Is(err, ErrInvalid) && !errors.Is(err, ErrNotObtained) &&
+	return ctx.Err() == nil && (!errors.Is(err, ErrInvalid) || errors.Is(err, ErrIncompatible)) && !errors.Is(err, ErrNotObtained) &&
 		(!errors.Is(err, ErrClosed) || errors.Is(err, redis.ErrClosed))
 }
 

@@ -143,15 +143,18 @@ func byNode(due []*hold) [][]*hold {
 	if len(due) == 0 {
 		return nil
 	}
+	// Holds with different replica acknowledgement settings never share a batch: a WAITAOF
+	// answer does not count replicas without an AOF, which a WAIT hold needs counted.
 	type batchKey struct {
 		n       *notifier
 		granted bool
+		ack     replicaAck
 	}
 	groups := make(map[batchKey][]*hold)
 	var order []batchKey
 	for _, h := range due {
 		h.mu.Lock()
-		k := batchKey{h.notif, h.grantTTL > 0}
+		k := batchKey{h.notif, h.grantTTL > 0, h.cfg.ack}
 		h.mu.Unlock()
 		if _, ok := groups[k]; !ok {
 			order = append(order, k)
@@ -179,11 +182,8 @@ func (r *renewer) renewBatch(ctx context.Context, due []*hold) {
 		timeout = min(timeout, max(window/4, minRenewTimeout))
 	}
 	// Under WithReplicaAck the batch goes to the node's own client, with the ack write and WAIT
-	// on the same connection (replicaack.go), waiting for the most any of its holds asks.
-	var ack replicaAck
-	for _, l := range due {
-		ack = ack.merge(l.cfg.ack)
-	}
+	// (or WAITAOF) on the same connection (replicaack.go); its holds share one setting (byNode).
+	ack := due[0].cfg.ack
 	ctx, cancel := context.WithTimeout(ctx, timeout+ack.timeout)
 	defer cancel()
 	var rdb redis.Cmdable = r.c.rdb

@@ -39,18 +39,6 @@ type replicaAck struct {
 // on reports whether writes wait for an acknowledgement.
 func (a replicaAck) on() bool { return a.n > 0 || a.local }
 
-// merge returns the setting that satisfies both a and b: a batch of renewals waits once, for
-// the most any of its holds asks (a WAITAOF answer covers a WAIT: fsynced means received).
-func (a replicaAck) merge(b replicaAck) replicaAck {
-	if !b.on() {
-		return a
-	}
-	if !a.on() {
-		return b
-	}
-	return replicaAck{n: max(a.n, b.n), timeout: max(a.timeout, b.timeout), aof: a.aof || b.aof, local: a.local || b.local}
-}
-
 // send queues, after a write to key on pipe, the ack write and the wait for a.
 func (a replicaAck) send(ctx context.Context, pipe redis.Pipeliner, key string) *redis.Cmd {
 	pipe.Set(ctx, key+ackSuffix, 1, ackKeyTTL)
@@ -80,9 +68,14 @@ func (a replicaAck) read(cmd *redis.Cmd) ackReply {
 	}
 	v, err := cmd.Int64Slice()
 	if err != nil {
-		if msg := err.Error(); strings.Contains(msg, "unknown command") || strings.Contains(msg, "appendonly") {
-			// Redis before 7.2 has no WAITAOF; local fsync needs appendonly yes.
-			err = fmt.Errorf("%w: WithReplicaAckAOF needs WAITAOF (Redis 7.2 or later) and, to wait for the master's own fsync, appendonly yes: %v", ErrInvalid, err)
+		// Redis before 7.2 has no WAITAOF; a local fsync needs appendonly yes. The setting
+		// cannot work with this server: ErrInvalid (what the caller asked for) and
+		// ErrIncompatible (the server's fault, which Redlock counts against that master).
+		switch msg := err.Error(); {
+		case strings.Contains(msg, "unknown command"):
+			err = fmt.Errorf("%w: %w: WithReplicaAckAOF needs WAITAOF, Redis 7.2 or later: %v", ErrInvalid, ErrIncompatible, err)
+		case strings.Contains(msg, "appendonly"):
+			err = fmt.Errorf("%w: %w: WithReplicaAckAOF(local true) needs appendonly yes on the master: %v", ErrInvalid, ErrIncompatible, err)
 		}
 		return ackReply{err: err}
 	}
@@ -120,10 +113,12 @@ func WithReplicaAck(n int, timeout time.Duration) Option {
 // WithReplicaAckAOF is WithReplicaAck with a stronger acknowledgement: n replicas fsynced the
 // write to their append-only file (Redis WAITAOF), and, when local is true, so did the lock's
 // master, all within timeout. A replica that acknowledged then keeps the hold across its own
-// restart (if it runs with appendonly yes and loads its AOF). Everything else is as for
+// restart. Only replicas with appendonly yes ever acknowledge (the others never fsync an AOF),
+// and with appendfsync everysec the timeout must allow for a second. Everything else is as for
 // WithReplicaAck, whose setting it replaces (the last of the two options wins). It needs
 // Redis 7.2 or later, and appendonly yes on the master when local is true: otherwise
-// acquisitions are undone and return ErrInvalid naming what is missing. n must be at least 0,
+// acquisitions are undone and return an error matching both ErrInvalid and ErrIncompatible
+// that names what is missing (a Redlock counts it as that master's fault). n must be at least 0,
 // timeout at least 1ms, and it must wait for something (n >= 1 or local); otherwise Lock and
 // TryLock return ErrInvalid.
 func WithReplicaAckAOF(local bool, n int, timeout time.Duration) Option {
@@ -159,8 +154,9 @@ func (c *Client) ackNode(ctx context.Context, key string) (*redis.Client, error)
 // ackedCall is the outcome of a pipeline sent by runAcked: the script's reply, and the
 // acknowledgement's.
 type ackedCall struct {
-	cmd *redis.Cmd
-	ack ackReply
+	cmd  *redis.Cmd
+	ack  ackReply
+	node *redis.Client // the node it went to
 }
 
 // short reports whether the call's write counts as not acknowledged under a.
@@ -190,7 +186,7 @@ func (c *Client) runAcked(ctx context.Context, a replicaAck, script *redis.Scrip
 		if err := cmd.Err(); try == 0 && err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
 			continue
 		}
-		return ackedCall{cmd: cmd, ack: a.read(wait)}, nil
+		return ackedCall{cmd: cmd, ack: a.read(wait), node: node}, nil
 	}
 }
 
@@ -216,7 +212,7 @@ func (c *Client) notReplicated(ctx context.Context, name, key string, a replicaA
 		}
 	}
 	if a.aof {
-		return fmt.Errorf("%w: lock %q: %d of %d replicas fsynced it to their AOF within %v (the master's own fsync: %v, asked: %v)%s",
+		return fmt.Errorf("%w: lock %q: %d of %d replicas fsynced it to their AOF within %v (the master's own fsync: %v, asked: %v)%s; only replicas with appendonly yes count, and appendfsync everysec needs a timeout of about a second",
 			ErrNotReplicated, name, r.ack.replicas, a.n, a.timeout, r.ack.local, a.local, more)
 	}
 	return fmt.Errorf("%w: lock %q: %d of %d replicas acknowledged within %v%s", ErrNotReplicated, name, r.ack.replicas, a.n, a.timeout, more)

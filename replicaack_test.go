@@ -235,11 +235,28 @@ func TestReplicaAckAOFNeedsWaitAOF(t *testing.T) {
 	if n, _ := rdb.Exists(ctx, lockKey(name)).Result(); n != 0 {
 		t.Fatalf("the refused acquisitions left the lock key behind")
 	}
+	// A plain handle's hold is never handed to an AOF handle of the same Client (their
+	// cohorts differ): the AOF handle's Lock waits in Redis and its grant, confirmed through
+	// WAITAOF, is refused.
 	l, err := c.Mutex(name).TryLock(ctx)
 	if err != nil {
 		t.Fatalf("a plain TryLock after them: %v", err)
 	}
-	_ = l.Unlock(ctx)
+	got := make(chan error, 1)
+	go func() {
+		la, err := m.Lock(lctx)
+		if la != nil {
+			_ = la.Unlock(ctx)
+		}
+		got <- err
+	}()
+	waitQueued(t, c, name, 1)
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; !errors.Is(err, dlock.ErrInvalid) {
+		t.Fatalf("the AOF handle's Lock after a plain holder = %v; want ErrInvalid", err)
+	}
 }
 
 // A lock a release grants to a waiter is not handed out before a replica acknowledged it: with
