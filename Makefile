@@ -49,8 +49,10 @@ bench-pg: redis-server
 # Fault injection (client pauses, slow, cut and reset connections, Redis paused, killed and
 # restarted, clock steps, notification connections killed, Cluster failovers, lock holders
 # SIGKILLed) over Mutex, RWMutex, MultiLock, Semaphore and Latch, with checked
-# histories and positive controls. The full run (about 45 minutes) writes docs/SAFETY.md;
-# SAFETY_QUICK=1 runs in about 100 seconds and writes nothing unless SAFETY_ARGS says -out. SAFETY_ARGS passes flags (-seed N, -only NAME; go run . -h).
+# histories and positive controls, then the replication trials (Sentinel failovers that lose
+# a write, Redlock servers restarted empty). The full run (about 60 minutes) writes
+# docs/SAFETY.md; SAFETY_QUICK=1 runs in about two minutes and writes nothing unless
+# SAFETY_ARGS says -out. SAFETY_ARGS passes flags (-seed N, -only NAME; go run . -h).
 safety: redis-server
 	cd safety && $(GO) test -count=1 . && $(GO) run . $(if $(SAFETY_QUICK),,-out ../docs) $(SAFETY_ARGS)
 
