@@ -25,6 +25,10 @@ import (
 // ackKeyTTL is how long an ack key lives: it only needs to be written.
 const ackKeyTTL = time.Millisecond
 
+// ackReadMargin is how far below the client's ReadTimeout an acknowledgement's timeout must
+// stay: the reply comes a little after the timeout.
+const ackReadMargin = 100 * time.Millisecond
+
 // ackSuffix names a lock's ack key (same hash tag, so the same node and slot as the lock).
 const ackSuffix = ":ack"
 
@@ -102,7 +106,8 @@ func (a replicaAck) short(r ackReply) bool {
 // restarts without persistence), and a failover may promote a replica that did not
 // acknowledge (with n smaller than the number of replicas); writes are not rolled back when the
 // ack fails, the release that undoes them is. n must be at least 1 and timeout positive
-// (otherwise Lock and TryLock return ErrInvalid; n = 0 turns it off). It needs a
+// and at least 100ms below the go-redis client's ReadTimeout (3s by default), which bounds the
+// pipeline's read (otherwise Lock and TryLock return ErrInvalid; n = 0 turns it off). It needs a
 // *redis.Client (plain or Sentinel failover) or a *redis.ClusterClient; with another
 // UniversalClient acquisitions fail with ErrInvalid. MultiLock takes its members one by one
 // under it.
@@ -170,6 +175,11 @@ func (c *Client) runAcked(ctx context.Context, a replicaAck, script *redis.Scrip
 	node, err := c.ackNode(ctx, keys[0])
 	if err != nil {
 		return ackedCall{}, err
+	}
+	if rt := node.Options().ReadTimeout; rt > 0 && a.timeout > rt-ackReadMargin {
+		// go-redis reads a pipeline's replies with ReadTimeout, whatever the wait's own timeout:
+		// the read would time out first and the pipeline be resent.
+		return ackedCall{}, fmt.Errorf("%w: %s timeout %v: must be at least %v below the client's ReadTimeout (%v)", ErrInvalid, a.command(), a.timeout, ackReadMargin, rt)
 	}
 	// EVALSHA first; a server that has not cached the script (a fresh or promoted master) gets
 	// it with EVAL, as redis.Script.Run does, which needs no SCRIPT LOAD permission.

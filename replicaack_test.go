@@ -410,3 +410,30 @@ func TestReplicaAckOnACluster(t *testing.T) {
 		}
 	}
 }
+
+// An acknowledgement timeout that the go-redis client's ReadTimeout would cut short (the
+// pipeline's replies are read with ReadTimeout) is refused with ErrInvalid naming both, and
+// nothing is held; one below it works.
+func TestReplicaAckTimeoutBelowReadTimeout(t *testing.T) {
+	master, _ := startReplicated(t)
+	opt := master.Options()
+	opt.ReadTimeout = 2 * time.Second
+	rdb := redis.NewClient(opt)
+	defer rdb.Close()
+	ctx := ctxT(t)
+	c := dlock.New(rdb)
+	defer c.Close(ctx)
+	name := redistest.Name(t)
+	_, err := c.Mutex(name, dlock.WithReplicaAck(1, 1950*time.Millisecond)).TryLock(ctx)
+	if !errors.Is(err, dlock.ErrInvalid) || !strings.Contains(err.Error(), "ReadTimeout") {
+		t.Fatalf("TryLock = %v; want ErrInvalid naming ReadTimeout", err)
+	}
+	if n, _ := rdb.Exists(ctx, lockKey(name)).Result(); n != 0 {
+		t.Fatalf("the refused call wrote the lock key")
+	}
+	l, err := c.Mutex(name, dlock.WithReplicaAck(1, time.Second)).TryLock(ctx)
+	if err != nil {
+		t.Fatalf("TryLock with a timeout well below ReadTimeout: %v", err)
+	}
+	_ = l.Unlock(ctx)
+}
