@@ -27,7 +27,10 @@ var errSlowMaster = errors.New("no answer from the Redlock master")
 // are those of New and apply on every master.
 //
 // NewRedlock never fails itself: fewer than 3 masters, a nil master or the same server given
-// twice is reported by every call as ErrInvalid. The Client serves Mutex, Inspect and
+// twice is reported by every call as ErrInvalid. The same server under two addresses
+// (localhost and 127.0.0.1) is found by the servers' run ids, asked in the background at once
+// (a lock call waits for that answer, one second at most, the first time); from then on every
+// lock call returns ErrInvalid. The Client serves Mutex, Inspect and
 // ForceRelease; RWMutex, MultiLock, Semaphore, Latch and Locks return an error matching
 // errors.ErrUnsupported. A Redlock Mutex never cohorts (WithoutCohort): every lease is its
 // own hold on each master.
@@ -69,6 +72,15 @@ func NewRedlock(masters []redis.UniversalClient, opts ...Option) *Client {
 	}
 	c.err = join(errs...)
 	c.rl = rl
+	rl.checked = make(chan struct{})
+	if c.err == nil && c.goBackground() {
+		go func() {
+			defer c.wg.Done()
+			rl.checkDistinct(c.bg)
+		}()
+	} else {
+		close(rl.checked)
+	}
 	return c
 }
 
@@ -87,8 +99,57 @@ type redlock struct {
 	nodes  []*Client
 	quorum int
 
+	checked     chan struct{} // closed once checkDistinct has run
+	distinctErr error         // two masters that are one server, found by their run ids
+
 	mu        sync.Mutex
 	contended map[string]bool // locks whose last acquisition had to wait (bounded, see waited)
+}
+
+// distinctTimeout bounds the check that the masters are distinct servers.
+const distinctTimeout = time.Second
+
+// checkDistinct asks every master for its server's run id (started by NewRedlock, in the
+// background) and records ErrInvalid if two masters are one server under two addresses
+// (localhost and 127.0.0.1, a DNS alias): NewRedlock can compare only the addresses. A master
+// that does not answer within distinctTimeout is left out of the check.
+func (r *redlock) checkDistinct(ctx context.Context) {
+	defer close(r.checked)
+	ctx, cancel := context.WithTimeout(ctx, distinctTimeout)
+	defer cancel()
+	ids := make([]string, len(r.nodes))
+	r.each(func(i int, n *Client) {
+		if info, err := n.rdb.Info(ctx, "server").Result(); err == nil {
+			ids[i] = infoValue(info, "run_id")
+		}
+	})
+	seen := make(map[string]int)
+	for i, id := range ids {
+		if id == "" {
+			continue
+		}
+		if j, dup := seen[id]; dup {
+			r.distinctErr = fmt.Errorf("%w: Redlock masters %d and %d are one server (run_id %s): a quorum of copies is no quorum", ErrInvalid, j, i, id)
+			return
+		}
+		seen[id] = i
+	}
+}
+
+// distinct waits for checkDistinct (at most distinctTimeout, once per Client) and returns its
+// verdict, or why the caller stopped waiting.
+func (r *redlock) distinct(ctx context.Context, c *Client, name string) error {
+	select {
+	case <-r.checked:
+		if r.distinctErr != nil {
+			return fmt.Errorf("lock %q: %w", name, r.distinctErr)
+		}
+		return nil
+	case <-ctx.Done():
+		return notObtained(name, ctx.Err())
+	case <-c.bg.Done():
+		return fmt.Errorf("%w: lock %q", ErrClosed, name)
+	}
 }
 
 // maxContended bounds redlock.contended: past it the hints start over.
@@ -203,6 +264,9 @@ func (t *redlockTake) drop(i int) {
 // take returns holds on at least a quorum of the masters, the first master that answered
 // among them, and the lease's token (see NewRedlock), or nothing and why.
 func (r *redlock) take(ctx context.Context, c *Client, s holdSpec, wait bool) ([]*hold, uint64, error) {
+	if err := r.distinct(ctx, c, s.name); err != nil {
+		return nil, 0, err
+	}
 	t := &redlockTake{r: r, s: s, held: make([]*hold, len(r.nodes)), owners: make([]string, len(r.nodes))}
 	for i := range t.owners {
 		t.owners[i] = s.owner

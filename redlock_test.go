@@ -69,10 +69,19 @@ func TestRedlockRefusesBadMastersAndOtherPrimitives(t *testing.T) {
 		t.Cleanup(func() { _ = c.Close() })
 		return c
 	}
+	// One server under two addresses: NewRedlock cannot tell, the first lock does (run ids).
+	tcp := redistest.StartT(t, redistest.Config{TCP: true})
+	_, port, _ := strings.Cut(tcp.Addr, ":")
+	alias := func(host string) *redis.Client {
+		c := redis.NewClient(&redis.Options{Addr: host + ":" + port})
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
 	cases := map[string][]redis.UniversalClient{
-		"two masters":      {a, other()},
-		"nil master":       {a, nil, other()},
-		"one server twice": {a, b, other()},
+		"two masters":               {a, other()},
+		"nil master":                {a, nil, other()},
+		"one server twice":          {a, b, other()},
+		"one server, two addresses": {alias("127.0.0.1"), other(), alias("localhost")},
 	}
 	for what, masters := range cases {
 		c := dlock.NewRedlock(masters)
