@@ -473,4 +473,18 @@ func TestRunReplicaAck(t *testing.T) {
 			t.Errorf("--replica-ack %q: exit %d: %s", bad, code, errs)
 		}
 	}
+	// --replica-ack-aof asks for WAITAOF, which Redis 7.0 lacks (7.2 refuses a local fsync
+	// without appendonly): the run fails naming it, and the command does not run.
+	code, out, errs := runDlock(t, "run", "--redis", master.URL(), "--replica-ack-aof", "local+1/1s", name, "--", "echo", "ran")
+	if code != exitError || !strings.Contains(errs, "WithReplicaAckAOF") || strings.Contains(out, "ran") {
+		t.Fatalf("run --replica-ack-aof local+1/1s: exit %d, stdout %q: %s", code, out, errs)
+	}
+	for _, bad := range []string{"0", "x", "localx", "local+", "local+0", "1/0s"} {
+		if code, _, errs := runDlock(t, "run", "--replica-ack-aof", bad, name, "--", "true"); code != exitUsage {
+			t.Errorf("--replica-ack-aof %q: exit %d: %s", bad, code, errs)
+		}
+	}
+	if code, _, errs := runDlock(t, "run", "--replica-ack", "1", "--replica-ack-aof", "1", name, "--", "true"); code != exitUsage {
+		t.Errorf("--replica-ack with --replica-ack-aof: exit %d: %s", code, errs)
+	}
 }

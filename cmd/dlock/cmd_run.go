@@ -33,6 +33,7 @@ func runCommand(args []string, stdout, stderr io.Writer) int {
 	write := fs.Bool("write", false, "take NAME as a read-write lock, to write: alone, excluding --read runs")
 	permits := fs.Int("permits", 0, "take one permit of NAME as a semaphore of this many: at most that many runs at once")
 	replicaAck := fs.String("replica-ack", "", "N[/TIMEOUT]: the lock counts only once N replicas acknowledged it, within TIMEOUT (default "+defaultAckTimeout.String()+")")
+	replicaAckAOF := fs.String("replica-ack-aof", "", "[local+]N[/TIMEOUT] or local[/TIMEOUT]: as --replica-ack, but N replicas (and the master, with local) fsynced it to their AOF (WAITAOF, Redis 7.2+)")
 	var locks nameList
 	fs.Var(&locks, "lock", "a lock to take (repeat it: the locks are taken together, all or nothing); replaces NAME")
 	if err := parse(fs, args); err != nil {
@@ -70,6 +71,13 @@ func runCommand(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return report(err, stderr)
 	}
+	aofLocal, aofN, aofTimeout, err := parseReplicaAckAOF(*replicaAckAOF)
+	if err != nil {
+		return report(err, stderr)
+	}
+	if *replicaAck != "" && *replicaAckAOF != "" {
+		return report(usageError{"--replica-ack and --replica-ack-aof exclude each other", "dlock run --replica-ack-aof local+1/1s NAME -- CMD"}, stderr)
+	}
 
 	conn, err := connect(common.redis, false)
 	if err != nil {
@@ -82,6 +90,9 @@ func runCommand(args []string, stdout, stderr io.Writer) int {
 	}
 	if ackN > 0 {
 		opts = append(opts, dlock.WithReplicaAck(ackN, ackTimeout))
+	}
+	if *replicaAckAOF != "" {
+		opts = append(opts, dlock.WithReplicaAckAOF(aofLocal, aofN, aofTimeout))
 	}
 	dl := conn.client(opts...)
 	defer dl.Close(context.Background())
@@ -212,6 +223,36 @@ func parseReplicaAck(v string) (int, time.Duration, error) {
 		}
 	}
 	return n, d, nil
+}
+
+// parseReplicaAckAOF parses --replica-ack-aof [local+]N[/TIMEOUT] or local[/TIMEOUT] ("" is
+// off).
+func parseReplicaAckAOF(v string) (local bool, n int, d time.Duration, err error) {
+	if v == "" {
+		return false, 0, 0, nil
+	}
+	bad := func(why string) (bool, int, time.Duration, error) {
+		return false, 0, 0, usageError{fmt.Sprintf("--replica-ack-aof %q: %s", v, why), "--replica-ack-aof 1, --replica-ack-aof local+1/1s or --replica-ack-aof local"}
+	}
+	spec, ts, hasTimeout := strings.Cut(v, "/")
+	if rest, ok := strings.CutPrefix(spec, "local"); ok {
+		local, spec = true, strings.TrimPrefix(rest, "+")
+		if rest != "" && (!strings.HasPrefix(rest, "+") || spec == "") {
+			return bad("write local+N, or local alone")
+		}
+	}
+	if spec != "" || !local {
+		if n, err = strconv.Atoi(spec); err != nil || n < 1 {
+			return bad("N must be a number of replicas, at least 1")
+		}
+	}
+	d = defaultAckTimeout
+	if hasTimeout {
+		if d, err = time.ParseDuration(ts); err != nil || d < time.Millisecond {
+			return bad("TIMEOUT must be a duration of at least 1ms, such as 250ms")
+		}
+	}
+	return local, n, d, nil
 }
 
 // names collects a repeated string flag.
