@@ -201,6 +201,14 @@ func (c *Client) tryHold(ctx context.Context, s holdSpec, queue bool) (*hold, ti
 			}
 			return nil, 0, err
 		}
+		if err == nil && errors.Is(r.ack.err, ErrInvalid) {
+			// Not taken, but this server cannot acknowledge as asked, so no wait could end
+			// well: leave the queue the attempt may have joined, and say why at once.
+			rctx, cancel := context.WithTimeout(c.cleanup, abandonTimeout)
+			_, _ = runReleaseOn(rctx, r.node, c, s.keys, s.owner, holdID, s.access, s.sem, releaseLeavingQueue, s.undo...)
+			cancel()
+			return nil, 0, c.notReplicated(ctx, s.name, k.lock, a, r)
+		}
 	} else {
 		res, err = scripts.Acquire.Run(ctx, c.rdb, ks, args...).Int64Slice()
 	}

@@ -42,9 +42,11 @@ var (
 	ErrUnavailable = errors.New("dlock: redis unavailable")
 
 	// ErrIncompatible means the deployment cannot run dlock's scripts safely: the server is
-	// older than Redis 7.0 (or before 7.2 for WithReplicaAckAOF, which also matches ErrInvalid
-	// then), or the lock's keys were written in another key layout (by another
-	// dlock version during an upgrade). Nothing was changed; the lock is left as it was.
+	// older than Redis 7.0, or the lock's keys were written in another key layout (by another
+	// dlock version during an upgrade); nothing was changed, and the lock is left as it was. It
+	// also means the server cannot answer WithReplicaAckAOF (before Redis 7.2, or a local fsync
+	// without appendonly): that error matches ErrInvalid too, and the acquisition was undone
+	// (the error says if giving it back failed).
 	ErrIncompatible = errors.New("dlock: incompatible server or key layout")
 
 	// ErrNotReplicated means a write was not acknowledged by as many replicas as

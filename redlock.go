@@ -76,7 +76,7 @@ func NewRedlock(masters []redis.UniversalClient, opts ...Option) *Client {
 	if c.err == nil && c.goBackground() {
 		go func() {
 			defer c.wg.Done()
-			rl.checkDistinct(c.bg)
+			rl.checkDistinct(c.bg, masters)
 		}()
 	} else {
 		close(rl.checked)
@@ -111,18 +111,40 @@ const distinctTimeout = time.Second
 
 // checkDistinct asks every master for its server's run id (started by NewRedlock, in the
 // background) and records ErrInvalid if two masters are one server under two addresses
-// (localhost and 127.0.0.1, a DNS alias): NewRedlock can compare only the addresses. A master
-// that does not answer within distinctTimeout is left out of the check.
-func (r *redlock) checkDistinct(ctx context.Context) {
+// (localhost and 127.0.0.1, a DNS alias): NewRedlock can compare only the addresses. Each
+// master is asked through a client of its own whose calls end with their context (the
+// user's may read for its whole ReadTimeout, or without end); a master that does not answer
+// within distinctTimeout, or is not a plain *redis.Client (a Sentinel or Cluster client), is
+// left out of the check. It returns within distinctTimeout, or at once when the Client
+// closes.
+func (r *redlock) checkDistinct(bg context.Context, masters []redis.UniversalClient) {
 	defer close(r.checked)
-	ctx, cancel := context.WithTimeout(ctx, distinctTimeout)
+	ctx, cancel := context.WithTimeout(bg, distinctTimeout)
 	defer cancel()
-	ids := make([]string, len(r.nodes))
-	r.each(func(i int, n *Client) {
-		if info, err := n.rdb.Info(ctx, "server").Result(); err == nil {
-			ids[i] = infoValue(info, "run_id")
+	ids := make([]string, len(masters))
+	var wg sync.WaitGroup
+	for i, m := range masters {
+		rc, ok := m.(*redis.Client)
+		if !ok || rc.Options().Addr == "FailoverClient" {
+			continue
 		}
-	})
+		opt := *rc.Options()
+		opt.ContextTimeoutEnabled, opt.MaxRetries = true, -1
+		opt.PoolSize, opt.MinIdleConns, opt.MaxIdleConns, opt.MaxActiveConns = 1, 0, 1, 0
+		opt.ClientSideCache, opt.ClientSideCacheConfig = nil, nil
+		opt.AutoPipelineOptions, opt.PushNotificationProcessor, opt.MaintNotificationsConfig = nil, nil, nil
+		opt.Limiter = nil
+		probe := redis.NewClient(&opt)
+		stop := context.AfterFunc(ctx, func() { _ = probe.Close() }) // ends a read at once on Close
+		wg.Go(func() {
+			defer stop()
+			defer probe.Close()
+			if info, err := probe.Info(ctx, "server").Result(); err == nil {
+				ids[i] = infoValue(info, "run_id")
+			}
+		})
+	}
+	wg.Wait()
 	seen := make(map[string]int)
 	for i, id := range ids {
 		if id == "" {

@@ -549,3 +549,41 @@ func TestRedlockWaiterCtxAndClose(t *testing.T) {
 		t.Fatalf("lock key on %d masters after Close", n)
 	}
 }
+
+// A master that is silent when NewRedlock starts (paused) holds up neither the first lock call
+// (the duplicate check waits at most a second, and the lock stands on the other two) nor
+// Close (which ends the check at once).
+func TestRedlockSilentMasterAtStart(t *testing.T) {
+	ctx := ctxT(t)
+	var masters []redis.UniversalClient
+	var servers []*redistest.Server
+	for range 3 {
+		s := redistest.StartT(t, redistest.Config{TCP: true})
+		c := s.Client()
+		t.Cleanup(func() { _ = c.Close() })
+		servers = append(servers, s)
+		masters = append(masters, c)
+	}
+	servers[2].Pause()
+	defer servers[2].Resume()
+	c := dlock.NewRedlock(masters, dlock.WithTTL(2*time.Second))
+	start := time.Now()
+	l, err := c.Mutex(redistest.Name(t)).TryLock(ctx)
+	if err != nil {
+		t.Fatalf("TryLock with 2 of 3 masters answering: %v", err)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("the first TryLock took %v with a silent master; want about a second at most", took)
+	}
+	_ = l.Unlock(ctx)
+	c2 := dlock.NewRedlock(masters)
+	start = time.Now()
+	if err := c2.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > 500*time.Millisecond {
+		t.Errorf("Close right after NewRedlock took %v with a silent master; want it at once", took)
+	}
+	servers[2].Resume() // Close waits for a paused master's renewal stragglers
+	_ = c.Close(ctx)
+}

@@ -106,13 +106,18 @@ func (a replicaAck) short(r ackReply) bool {
 // restarts without persistence), and a failover may promote a replica that did not
 // acknowledge (with n smaller than the number of replicas); writes are not rolled back when the
 // ack fails, the release that undoes them is. n must be at least 1 and timeout positive
-// and at least 100ms below the go-redis client's ReadTimeout (3s by default), which bounds the
+// and at least 100ms below the go-redis client's ReadTimeout (5s by default), which bounds the
 // pipeline's read (otherwise Lock and TryLock return ErrInvalid; n = 0 turns it off). It needs a
 // *redis.Client (plain or Sentinel failover) or a *redis.ClusterClient; with another
 // UniversalClient acquisitions fail with ErrInvalid. MultiLock takes its members one by one
 // under it.
 func WithReplicaAck(n int, timeout time.Duration) Option {
-	return func(c *config) { c.ack = replicaAck{n: n, timeout: timeout} }
+	return func(c *config) {
+		c.ack = replicaAck{n: n, timeout: timeout}
+		if n == 0 {
+			c.ack = replicaAck{} // off: the same setting as never asking
+		}
+	}
 }
 
 // WithReplicaAckAOF is WithReplicaAck with a stronger acknowledgement: n replicas fsynced the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -48,5 +49,25 @@ func TestReplicaAckReadsWaitAndWaitAOF(t *testing.T) {
 	r := aofLocal.read(reply(nil, errors.New("ERR unknown command 'WAITAOF', with args beginning with: ")))
 	if !errors.Is(r.err, ErrInvalid) || !errors.Is(r.err, ErrIncompatible) {
 		t.Errorf("WAITAOF unknown: %v; want ErrInvalid and ErrIncompatible", r.err)
+	}
+}
+
+// Holds with different acknowledgement settings never share a renewal batch (its one wait is
+// sent and read under one setting), while holds with the same setting on one node do.
+func TestRenewalBatchesKeepAckSettingsApart(t *testing.T) {
+	wait := replicaAck{n: 1, timeout: time.Second}
+	aof := replicaAck{n: 1, timeout: time.Second, aof: true}
+	h := func(a replicaAck) *hold { return &hold{cfg: config{ack: a}} }
+	due := []*hold{h(replicaAck{}), h(wait), h(aof), h(wait), h(replicaAck{}), h(aof)}
+	batches := byNode(due)
+	if len(batches) != 3 {
+		t.Fatalf("%d batches, want 3 (plain, WAIT, WAITAOF)", len(batches))
+	}
+	for _, b := range batches {
+		for _, x := range b[1:] {
+			if x.cfg.ack != b[0].cfg.ack {
+				t.Fatalf("a batch mixes %+v and %+v", b[0].cfg.ack, x.cfg.ack)
+			}
+		}
 	}
 }

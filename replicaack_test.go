@@ -235,9 +235,10 @@ func TestReplicaAckAOFNeedsWaitAOF(t *testing.T) {
 	if n, _ := rdb.Exists(ctx, lockKey(name)).Result(); n != 0 {
 		t.Fatalf("the refused acquisitions left the lock key behind")
 	}
-	// A plain handle's hold is never handed to an AOF handle of the same Client (their
-	// cohorts differ): the AOF handle's Lock waits in Redis and its grant, confirmed through
-	// WAITAOF, is refused.
+	// While a plain handle of the same Client holds the lock, the AOF handle's Lock goes to
+	// Redis (their cohorts differ: a plain hold is never handed to it), learns there that the
+	// server cannot answer WAITAOF, and returns ErrInvalid at once rather than wait for the
+	// holder, leaving no place in the queue.
 	l, err := c.Mutex(name).TryLock(ctx)
 	if err != nil {
 		t.Fatalf("a plain TryLock after them: %v", err)
@@ -250,12 +251,19 @@ func TestReplicaAckAOFNeedsWaitAOF(t *testing.T) {
 		}
 		got <- err
 	}()
-	waitQueued(t, c, name, 1)
+	select {
+	case err := <-got:
+		if !errors.Is(err, dlock.ErrInvalid) {
+			t.Fatalf("the AOF handle's Lock while a plain handle holds = %v; want ErrInvalid", err)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatalf("the AOF handle's Lock still waits 3s after it was called; want ErrInvalid at once")
+	}
+	if n, _ := rdb.ZCard(ctx, lockKey(name)+":queue").Result(); n != 0 {
+		t.Fatalf("the refused Lock left %d places in the queue", n)
+	}
 	if err := l.Unlock(ctx); err != nil {
 		t.Fatal(err)
-	}
-	if err := <-got; !errors.Is(err, dlock.ErrInvalid) {
-		t.Fatalf("the AOF handle's Lock after a plain holder = %v; want ErrInvalid", err)
 	}
 }
 
@@ -436,4 +444,18 @@ func TestReplicaAckTimeoutBelowReadTimeout(t *testing.T) {
 		t.Fatalf("TryLock with a timeout well below ReadTimeout: %v", err)
 	}
 	_ = l.Unlock(ctx)
+	// Without a read timeout (-1: none, -2: no deadline set) any acknowledgement timeout goes.
+	for _, rt := range []time.Duration{-1, -2} {
+		opt := master.Options()
+		opt.ReadTimeout = rt
+		rdb := redis.NewClient(opt)
+		defer rdb.Close()
+		c := dlock.New(rdb)
+		defer c.Close(ctx)
+		l, err := c.Mutex(name, dlock.WithReplicaAck(1, 10*time.Second)).TryLock(ctx)
+		if err != nil {
+			t.Fatalf("ReadTimeout %v: TryLock: %v", rt, err)
+		}
+		_ = l.Unlock(ctx)
+	}
 }

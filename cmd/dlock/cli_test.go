@@ -488,3 +488,30 @@ func TestRunReplicaAck(t *testing.T) {
 		t.Errorf("--replica-ack with --replica-ack-aof: exit %d: %s", code, errs)
 	}
 }
+
+// --replica-ack-aof's value is read as [local+]N[/TIMEOUT] or local[/TIMEOUT].
+func TestParseReplicaAckAOF(t *testing.T) {
+	type want struct {
+		local bool
+		n     int
+		d     time.Duration
+	}
+	for v, w := range map[string]want{
+		"1":            {false, 1, defaultAOFAckTimeout},
+		"2/250ms":      {false, 2, 250 * time.Millisecond},
+		"local":        {true, 0, defaultAOFAckTimeout},
+		"local/2s":     {true, 0, 2 * time.Second},
+		"local+1":      {true, 1, defaultAOFAckTimeout},
+		"local+3/1.5s": {true, 3, 1500 * time.Millisecond},
+	} {
+		local, n, d, err := parseReplicaAckAOF(v)
+		if err != nil || (want{local, n, d}) != w {
+			t.Errorf("%q: local %v, n %d, timeout %v, err %v; want %+v", v, local, n, d, err, w)
+		}
+	}
+	for _, bad := range []string{"0", "+1", "local++1", "local+", "localx", "1/", "1/0s", "-1", "x"} {
+		if _, _, _, err := parseReplicaAckAOF(bad); err == nil {
+			t.Errorf("%q: accepted", bad)
+		}
+	}
+}

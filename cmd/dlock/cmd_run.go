@@ -33,7 +33,7 @@ func runCommand(args []string, stdout, stderr io.Writer) int {
 	write := fs.Bool("write", false, "take NAME as a read-write lock, to write: alone, excluding --read runs")
 	permits := fs.Int("permits", 0, "take one permit of NAME as a semaphore of this many: at most that many runs at once")
 	replicaAck := fs.String("replica-ack", "", "N[/TIMEOUT]: the lock counts only once N replicas acknowledged it, within TIMEOUT (default "+defaultAckTimeout.String()+")")
-	replicaAckAOF := fs.String("replica-ack-aof", "", "[local+]N[/TIMEOUT] or local[/TIMEOUT]: as --replica-ack, but N replicas (and the master, with local) fsynced it to their AOF (WAITAOF, Redis 7.2+)")
+	replicaAckAOF := fs.String("replica-ack-aof", "", "[local+]N[/TIMEOUT] or local[/TIMEOUT]: as --replica-ack, but N replicas (and the master, with local) fsynced it to their AOF (WAITAOF, Redis 7.2+); TIMEOUT defaults to "+defaultAOFAckTimeout.String()+" (appendfsync everysec)")
 	var locks nameList
 	fs.Var(&locks, "lock", "a lock to take (repeat it: the locks are taken together, all or nothing); replaces NAME")
 	if err := parse(fs, args); err != nil {
@@ -203,6 +203,10 @@ func runCommand(args []string, stdout, stderr io.Writer) int {
 // defaultAckTimeout is --replica-ack's timeout when it names none.
 const defaultAckTimeout = 100 * time.Millisecond
 
+// defaultAOFAckTimeout is --replica-ack-aof's: with appendfsync everysec (Redis's default) an
+// fsync comes up to a second after the write.
+const defaultAOFAckTimeout = 1500 * time.Millisecond
+
 // parseReplicaAck parses --replica-ack N[/TIMEOUT] ("" is off).
 func parseReplicaAck(v string) (int, time.Duration, error) {
 	if v == "" {
@@ -242,11 +246,14 @@ func parseReplicaAckAOF(v string) (local bool, n int, d time.Duration, err error
 		}
 	}
 	if spec != "" || !local {
+		if strings.Trim(spec, "0123456789") != "" {
+			return bad("N must be a number of replicas, at least 1")
+		}
 		if n, err = strconv.Atoi(spec); err != nil || n < 1 {
 			return bad("N must be a number of replicas, at least 1")
 		}
 	}
-	d = defaultAckTimeout
+	d = defaultAOFAckTimeout
 	if hasTimeout {
 		if d, err = time.ParseDuration(ts); err != nil || d < time.Millisecond {
 			return bad("TIMEOUT must be a duration of at least 1ms, such as 250ms")
