@@ -343,7 +343,7 @@ func (r *redlock) take(ctx context.Context, c *Client, s holdSpec, wait bool) ([
 			case errors.Is(err, ErrUnavailable) || errors.Is(err, ErrNotObtained):
 				unavailable = append(unavailable, err)
 			case errors.Is(err, ErrInvalid) && !errors.Is(err, ErrIncompatible):
-				hard = append(hard, err) // the caller's: every master says so
+				hard = append(hard, err) // the caller's arguments or its clients' settings (ReadTimeout, client type), not a master's fault
 			default:
 				// A master's own fault (OOM, NOPERM, another version's key): it counts as a
 				// master down, unless too many have one for a quorum to be had.
