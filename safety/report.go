@@ -36,13 +36,7 @@ func writeReport(dir string, results []result, repl []replResult, info runInfo) 
 		}
 	}
 	if len(repl) > 0 {
-		var jl strings.Builder
-		for _, r := range repl {
-			b, _ := json.Marshal(r)
-			jl.Write(b)
-			jl.WriteByte('\n')
-		}
-		if err := os.WriteFile(filepath.Join(dir, "safety-replication.jsonl"), []byte(jl.String()), 0o644); err != nil {
+		if err := writeJSONL(filepath.Join(dir, "safety-replication.jsonl"), repl); err != nil {
 			return err
 		}
 		section = "\n" + replicationSection(repl, info)
@@ -56,15 +50,20 @@ func writeReport(dir string, results []result, repl []replResult, info runInfo) 
 // replicationMark starts SAFETY.md's replication part.
 const replicationMark = "<!-- replication: written by runs that include the F8 and redlock-restart trials -->"
 
-// writeScenarios writes safety.jsonl and returns SAFETY.md's scenarios part.
-func writeScenarios(dir string, results []result, info runInfo) (string, error) {
+// writeJSONL writes one JSON line per result into path.
+func writeJSONL[T any](path string, results []T) error {
 	var jl strings.Builder
 	for _, r := range results {
 		b, _ := json.Marshal(r)
 		jl.Write(b)
 		jl.WriteByte('\n')
 	}
-	if err := os.WriteFile(filepath.Join(dir, "safety.jsonl"), []byte(jl.String()), 0o644); err != nil {
+	return os.WriteFile(path, []byte(jl.String()), 0o644)
+}
+
+// writeScenarios writes safety.jsonl and returns SAFETY.md's scenarios part.
+func writeScenarios(dir string, results []result, info runInfo) (string, error) {
+	if err := writeJSONL(filepath.Join(dir, "safety.jsonl"), results); err != nil {
 		return "", err
 	}
 	var b strings.Builder

@@ -220,13 +220,21 @@ func parseReplicaAck(v string) (int, time.Duration, error) {
 	if err != nil || n < 1 {
 		return bad("N must be a number of replicas, at least 1")
 	}
-	d := defaultAckTimeout
-	if hasTimeout {
-		if d, err = time.ParseDuration(ts); err != nil || d < time.Millisecond {
-			return bad("TIMEOUT must be a duration of at least 1ms, such as 250ms")
-		}
+	d, ok := ackTimeout(ts, hasTimeout, defaultAckTimeout)
+	if !ok {
+		return bad("TIMEOUT must be a duration of at least 1ms, such as 250ms")
 	}
 	return n, d, nil
+}
+
+// ackTimeout parses an ack flag's TIMEOUT part (def when it has none); ok is false when it
+// is not a duration of at least 1ms.
+func ackTimeout(ts string, given bool, def time.Duration) (time.Duration, bool) {
+	if !given {
+		return def, true
+	}
+	d, err := time.ParseDuration(ts)
+	return d, err == nil && d >= time.Millisecond
 }
 
 // parseReplicaAckAOF parses --replica-ack-aof [local+]N[/TIMEOUT] or local[/TIMEOUT] ("" is
@@ -253,11 +261,9 @@ func parseReplicaAckAOF(v string) (local bool, n int, d time.Duration, err error
 			return bad("N must be a number of replicas, at least 1")
 		}
 	}
-	d = defaultAOFAckTimeout
-	if hasTimeout {
-		if d, err = time.ParseDuration(ts); err != nil || d < time.Millisecond {
-			return bad("TIMEOUT must be a duration of at least 1ms, such as 250ms")
-		}
+	d, ok := ackTimeout(ts, hasTimeout, defaultAOFAckTimeout)
+	if !ok {
+		return bad("TIMEOUT must be a duration of at least 1ms, such as 250ms")
 	}
 	return local, n, d, nil
 }
