@@ -66,7 +66,7 @@ type cohort struct {
 // cohort never takes the lock again while its last hold is on its way out.
 type cohortSlot struct {
 	co     *cohort
-	h      *hold
+	h      grip
 	next   uint64      // next token of h's block to hand out (a Mutex's)
 	since  time.Time   // when h was taken
 	cur    *holding    // the local holder's holding, nil if none
@@ -179,7 +179,7 @@ func (co *cohort) lock(ctx context.Context, ref lockRef, wait bool) (l *Lease, w
 		co.tries++
 		spec := co.holdSpecLocked()
 		co.mu.Unlock()
-		h, _, err := co.c.tryHold(ctx, spec, false)
+		h, err := co.take(ctx, spec, false)
 		co.mu.Lock()
 		co.tries--
 		if unknownOutcome(err) {
@@ -252,6 +252,30 @@ func (co *cohort) mayTakeLocked() bool {
 	return !co.acquiring && len(co.slots)+co.tries < co.maxSlots
 }
 
+// take makes one attempt at a Redis hold for spec s (or, with wait, waits in the lock's queue
+// for one): on a Redlock's masters a quorum of holds whose token block is below every later
+// holder's, else one hold. A grip is returned only without error.
+func (co *cohort) take(ctx context.Context, s holdSpec, wait bool) (grip, error) {
+	if rl := co.c.rl; rl != nil {
+		hs, token, err := rl.take(ctx, co.c, s, wait, cohortBlock)
+		if err != nil {
+			return nil, err
+		}
+		return newQuorum(hs, rl.quorum, token, s.owner), nil
+	}
+	var h *hold
+	var err error
+	if wait {
+		h, err = co.c.waitHold(ctx, s, true)
+	} else {
+		h, _, err = co.c.tryHold(ctx, s, false)
+	}
+	if h == nil {
+		return nil, err
+	}
+	return h, nil
+}
+
 // holdSpecLocked is what the cohort's next Redis attempt takes: a Mutex's cohort its owner
 // id; a Semaphore's an owner id of its own for each hold.
 func (co *cohort) holdSpecLocked() holdSpec {
@@ -295,13 +319,13 @@ func (co *cohort) giveUp(ctx context.Context, w *cohortWaiter, err error) (*Leas
 
 // canHandOffLocked reports whether slot s's hold may serve one more local holder.
 func (co *cohort) canHandOffLocked(s *cohortSlot) bool {
-	return !s.out && s.next < s.h.token+cohortBlock && co.c.since(s.since) < cohortBatchTime && s.h.valid()
+	return !s.out && s.next < s.h.base()+cohortBlock && co.c.since(s.since) < cohortBatchTime && s.h.valid()
 }
 
 // installLocked makes h a hold of the cohort, in a slot of its own. It returns nil if h was
 // lost before it could be installed.
-func (co *cohort) installLocked(h *hold, waited bool) *cohortSlot {
-	s := &cohortSlot{co: co, h: h, next: h.token, since: co.c.now(), waited: waited}
+func (co *cohort) installLocked(h grip, waited bool) *cohortSlot {
+	s := &cohortSlot{co: co, h: h, next: h.base(), since: co.c.now(), waited: waited}
 	if ended, _ := h.setOnEnd(func(err error) { co.holdEnded(s, err) }); ended {
 		return nil
 	}
@@ -314,10 +338,10 @@ func (co *cohort) installLocked(h *hold, waited bool) *cohortSlot {
 func (co *cohort) grantLocked(ctx context.Context, s *cohortSlot, ref lockRef) *Lease {
 	token := s.next
 	if co.permits {
-		token = s.h.token
+		token = s.h.base()
 	}
 	s.next++
-	s.cur = newHolding(s.h, s, token)
+	s.cur = s.h.holding(s, token)
 	return s.cur.first(ctx, ref)
 }
 
@@ -347,7 +371,7 @@ func (co *cohort) acquire(ctx context.Context, cancel context.CancelFunc) {
 	s := co.holdSpecLocked()
 	co.mu.Unlock()
 	s.noBarge = true
-	h, err := co.c.waitHold(ctx, s, true)
+	h, err := co.take(ctx, s, true)
 	co.mu.Lock()
 	co.acquiring, co.stopAcq = false, nil
 	if h == nil && unknownOutcome(err) {
@@ -437,7 +461,7 @@ func (co *cohort) unlock(ctx context.Context, s *cohortSlot, l *Lease) error {
 	co.mu.Lock()
 	if s.cur != l.hd { // the hold was lost and the holding ended meanwhile
 		co.mu.Unlock()
-		l.finish(l.hd.h.lossErr(), true)
+		l.finish(l.hd.lossErr(), true)
 		return l.heldErr()
 	}
 	s.cur = nil
@@ -493,7 +517,7 @@ func (co *cohort) releaseLaterLocked(s *cohortSlot) {
 // detachLocked takes slot s's hold out of service for release, in the same critical section
 // that decided to release it, so no goroutine can be handed it in between. The caller passes
 // it to releaseDetached.
-func (co *cohort) detachLocked(s *cohortSlot) *hold {
+func (co *cohort) detachLocked(s *cohortSlot) grip {
 	s.out = true
 	s.stopLingerLocked()
 	return s.h
@@ -502,24 +526,8 @@ func (co *cohort) detachLocked(s *cohortSlot) *hold {
 // releaseDetached gives a detached hold back to Redis (to the next process in the queue) and,
 // when local waiters remain, queues for the lock again. l, if not nil, is the lease whose
 // Unlock this is; it ends with the release's result.
-func (co *cohort) releaseDetached(ctx context.Context, s *cohortSlot, h *hold, l *Lease) error {
-	var err error
-	switch {
-	case !h.beginRelease():
-		// Lost or ended by Close while we got here: the lease ends with that.
-		if l != nil {
-			l.finish(h.lossErr(), true)
-			err = l.heldErr()
-		}
-	case l != nil:
-		err = l.finishRelease(ctx, h)
-	default:
-		_, rerr := h.release(ctx)
-		h.end(nil, false)
-		if rerr != nil {
-			h.releaseLater() // no answer: retried until Redis answers or the TTL has run out
-		}
-	}
+func (co *cohort) releaseDetached(ctx context.Context, s *cohortSlot, h grip, l *Lease) error {
+	err := h.letGo(ctx, l)
 	co.mu.Lock()
 	co.removeLocked(s)
 	co.kickLocked()

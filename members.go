@@ -68,12 +68,46 @@ func (l *Lease) unlockAll(ctx context.Context) error {
 // are short of the need, a later Unlock retries them at once (the lease keeps them) and the
 // error is returned.
 func (l *Lease) releaseMembers(ctx context.Context, hs []*hold, lost error) error {
+	l.mu.Lock()
+	released := l.released
+	l.mu.Unlock()
+	released, failed, errs, rlost := releaseHolds(ctx, hs, released, l.hd.need)
+	lost = cmpOr(lost, rlost)
+	l.mu.Lock()
+	l.released = released
+	l.mu.Unlock()
+	retrying := "dlock retries the release in the background; the lock expires within its TTL otherwise"
+	switch {
+	case released+len(failed) < l.hd.need:
+		lost = cmpOr(lost, leaseLost(l.ref.name, errKeyGone))
+		l.finish(lost, true)
+		if len(errs) > 0 {
+			return fmt.Errorf("%w: %w; %w (%s)", ErrNotHeld, lost, join(errs...), retrying)
+		}
+		return fmt.Errorf("%w: %w", ErrNotHeld, lost)
+	case released < l.hd.need:
+		l.mu.Lock()
+		l.retry = failed
+		l.mu.Unlock()
+		l.finish(nil, false) // ended locally; a later Unlock retries the failed releases at once
+		return fmt.Errorf("%w (%s)", join(errs...), retrying)
+	}
+	l.finish(nil, true) // enough released: the rest are retried in the background
+	return nil
+}
+
+// releaseHolds runs the releases of hs at once, each hold ended by its answer (a release that
+// got no answer is retried in the background), and collects the answers until released (the
+// count so far) reaches need: a straggler, a silent Redlock master, settles itself later. It
+// returns the new count, the holds whose release got no answer and why, and the loss of a hold
+// Redis no longer had.
+func releaseHolds(ctx context.Context, hs []*hold, released, need int) (int, []*hold, []error, error) {
 	type result struct {
 		h   *hold
 		n   int
 		err error
 	}
-	// settle ends h by its release's answer (a straggler settles itself after Unlock returned).
+	// settle ends h by its release's answer (a straggler settles itself after we returned).
 	settle := func(h *hold, n int, err error) {
 		switch {
 		case err != nil:
@@ -101,15 +135,11 @@ func (l *Lease) releaseMembers(ctx context.Context, hs []*hold, lost error) erro
 			run()
 		}()
 	}
-	l.mu.Lock()
-	released := l.released
-	l.mu.Unlock()
 	var errs []error
 	var failed []*hold
-	// Every answer, or (a Redlock's) as soon as a quorum released: a silent master's release
-	// goes on in the background.
+	var lost error
 	for range hs {
-		if released >= l.hd.need {
+		if released >= need {
 			break
 		}
 		r := <-results
@@ -123,27 +153,7 @@ func (l *Lease) releaseMembers(ctx context.Context, hs []*hold, lost error) erro
 			released++
 		}
 	}
-	l.mu.Lock()
-	l.released = released
-	l.mu.Unlock()
-	retrying := "dlock retries the release in the background; the lock expires within its TTL otherwise"
-	switch {
-	case released+len(failed) < l.hd.need:
-		lost = cmpOr(lost, leaseLost(l.ref.name, errKeyGone))
-		l.finish(lost, true)
-		if len(errs) > 0 {
-			return fmt.Errorf("%w: %w; %w (%s)", ErrNotHeld, lost, join(errs...), retrying)
-		}
-		return fmt.Errorf("%w: %w", ErrNotHeld, lost)
-	case released < l.hd.need:
-		l.mu.Lock()
-		l.retry = failed
-		l.mu.Unlock()
-		l.finish(nil, false) // ended locally; a later Unlock retries the failed releases at once
-		return fmt.Errorf("%w (%s)", join(errs...), retrying)
-	}
-	l.finish(nil, true) // enough released: the rest are retried in the background
-	return nil
+	return released, failed, errs, lost
 }
 
 // lostMember ends a MultiLock holding whose member was lost: the other members, still held in

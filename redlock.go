@@ -230,7 +230,7 @@ func (r *redlock) nodeTimeout(ttl time.Duration) time.Duration {
 // redlockLease takes the lock of s on a quorum of c's masters (waiting when wait is set) and
 // returns its lease.
 func (c *Client) redlockLease(ctx context.Context, ref lockRef, s holdSpec, wait bool) (*Lease, error) {
-	hs, token, err := c.rl.take(ctx, c, s, wait)
+	hs, token, err := c.rl.take(ctx, c, s, wait, 1)
 	if err != nil {
 		return nil, err
 	}
@@ -245,6 +245,7 @@ func (c *Client) redlockLease(ctx context.Context, ref lockRef, s holdSpec, wait
 type redlockTake struct {
 	r      *redlock
 	s      holdSpec
+	block  uint64 // how many tokens from the lease's the lease hands out (a cohort's: cohortBlock)
 	held   []*hold
 	owners []string
 	epoch  uint64
@@ -284,12 +285,14 @@ func (t *redlockTake) drop(i int) {
 }
 
 // take returns holds on at least a quorum of the masters, the first master that answered
-// among them, and the lease's token (see NewRedlock), or nothing and why.
-func (r *redlock) take(ctx context.Context, c *Client, s holdSpec, wait bool) ([]*hold, uint64, error) {
+// among them, and the lease's token T (see NewRedlock), or nothing and why. Tokens T to
+// T+block-1 are below every later lease's: a lease handed from holder to holder in a cohort
+// gives each holder the next one.
+func (r *redlock) take(ctx context.Context, c *Client, s holdSpec, wait bool, block uint64) ([]*hold, uint64, error) {
 	if err := r.distinct(ctx, c, s.name); err != nil {
 		return nil, 0, err
 	}
-	t := &redlockTake{r: r, s: s, held: make([]*hold, len(r.nodes)), owners: make([]string, len(r.nodes))}
+	t := &redlockTake{r: r, s: s, block: max(block, 1), held: make([]*hold, len(r.nodes)), owners: make([]string, len(r.nodes))}
 	for i := range t.owners {
 		t.owners[i] = s.owner
 	}
@@ -458,9 +461,9 @@ func (t *redlockTake) pass(ctx context.Context) []error {
 }
 
 // raiseFence returns the lease's token T, the highest of the held masters' tokens, once the
-// fencing counter of every held master is at least T: a master whose token is within one
-// block of T has it already (its acquire reserved the block), the others are raised
-// (fence_floor.lua), at once. A held master that does not confirm the raise in time is given
+// fencing counter of every held master is at least T+block-1, the last token the lease hands
+// out: a master whose own block reaches that far has it already (its acquire reserved the
+// block), the others are raised (fence_floor.lua), at once. A held master that does not confirm the raise in time is given
 // back; an error says fewer than a quorum are left.
 //
 // Why every held master: a later lease's holds on masters this lease held were all taken
@@ -493,14 +496,15 @@ func (t *redlockTake) raiseFence(ctx context.Context) (uint64, error) {
 			}
 		}
 	}
+	last := token + t.block - 1
 	var low []int
 	for i, h := range t.held {
-		if h != nil && h.token+cohortBlock-1 < token {
+		if h != nil && h.token+cohortBlock-1 < last {
 			low = append(low, i)
 		}
 	}
 	_, rerrs := t.onMasters(ctx, low, "raising its fencing token", func(ctx context.Context, n *Client) (uint64, error) {
-		return 0, scripts.FenceFloor.Run(ctx, n.rdb, []string{t.s.keys.fence}, strconv.FormatUint(token, 10)).Err()
+		return 0, scripts.FenceFloor.Run(ctx, n.rdb, []string{t.s.keys.fence}, strconv.FormatUint(last, 10)).Err()
 	})
 	errs = append(errs, rerrs...)
 	n := 0
