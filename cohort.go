@@ -51,6 +51,11 @@ type cohort struct {
 	// (1 for a Mutex)
 	permits  bool
 	maxSlots int
+	// fresh: each hold has an owner id of its own, made from the Client's id: a Semaphore's
+	// (each holder of permits is its own in Redis) and a Redlock's (an attempt its take gave up
+	// on may land on a master late, where under a shared owner id it would take a later hold
+	// of the cohort's for its own; see redlockTake)
+	fresh bool
 
 	mu        sync.Mutex
 	dead      bool // removed from the Client's table; callers must look up afresh
@@ -105,7 +110,12 @@ func (c *Client) cohortFor(key string, mk func() *cohort) *cohort {
 func (c *Client) mutexCohort(m *Mutex) *cohort {
 	k := lockKeys(m.cfg.keyPrefix(), m.name)
 	base := c.id + m.cohort[len(m.keys.lock):]
-	return &cohort{c: c, key: m.cohort, base: base, maxSlots: 1, spec: holdSpec{name: m.name, keys: k,
+	if c.rl != nil {
+		// Fresh owner ids, each a call id as Inspect reads a Redlock master's (callOwner): the
+		// settings need not be in it, as no two holds share one.
+		base = c.id
+	}
+	return &cohort{c: c, key: m.cohort, base: base, maxSlots: 1, fresh: c.rl != nil, spec: holdSpec{name: m.name, keys: k,
 		cfg: m.cfg, owner: epochOwner(base, c.cohortEpoch.Load()), reentrant: false}}
 }
 
@@ -280,7 +290,7 @@ func (co *cohort) take(ctx context.Context, s holdSpec, wait bool) (grip, error)
 // id; a Semaphore's an owner id of its own for each hold.
 func (co *cohort) holdSpecLocked() holdSpec {
 	s := co.spec
-	if co.permits {
+	if co.fresh {
 		s.owner = co.base + "." + co.c.nextHoldID()
 	}
 	return s
@@ -411,10 +421,10 @@ func (co *cohort) acquire(ctx context.Context, cancel context.CancelFunc) {
 // same owner it would take that hold for a stale one of the cohort's (see acquire.lua) and
 // drop it; under another owner it meets a foreign hold, and what it takes itself is undone
 // (abandon, or the wait's leaving). The epoch is the Client's, so a cohort that retires and
-// comes back does not return to the old owner id. A Semaphore's cohort needs none: each of its
-// attempts has an owner id of its own.
+// comes back does not return to the old owner id. A cohort with fresh owner ids (a Semaphore's,
+// a Redlock's) needs none: each of its attempts has an owner id of its own.
 func (co *cohort) renewOwnerLocked() {
-	if !co.permits {
+	if !co.fresh {
 		co.spec.owner = epochOwner(co.base, co.c.cohortEpoch.Add(1))
 	}
 }

@@ -38,7 +38,7 @@ func (c *Client) Mutex(name string, opts ...Option) *Mutex {
 	m := &Mutex{c: c, name: name, cfg: c.cfg.apply(opts)}
 	m.ids.init(m.cfg)
 	m.err = join(c.err, validateName(name), m.cfg.validate())
-	if !m.cfg.ownerSet && !m.cfg.noCohort && c.rl == nil {
+	if !m.cfg.ownerSet && !m.cfg.noCohort {
 		// Only the lock key, to find the cohort: it holds the rest, once per lock.
 		m.keys = keys{lock: lockKey(m.cfg.keyPrefix(), name)}
 		m.cohort = m.keys.lock + cohortVariant(m.cfg)

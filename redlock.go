@@ -32,8 +32,9 @@ var errSlowMaster = errors.New("no answer from the Redlock master")
 // (a lock call waits for that answer, one second at most, the first time); from then on every
 // lock call returns ErrInvalid. The Client serves Mutex, Inspect and
 // ForceRelease; RWMutex, MultiLock, Semaphore, Latch and Locks return an error matching
-// errors.ErrUnsupported. A Redlock Mutex never cohorts (WithoutCohort): every lease is its
-// own hold on each master.
+// errors.ErrUnsupported. A Redlock Mutex cohorts as a Mutex of New does (unless
+// WithoutCohort or WithOwner): the Client's goroutines pass one quorum of holds among
+// themselves, a bounded batch at a time, each with the next token of the lease's block.
 //
 // How a lease is taken: an acquire goes to every master at once, each answer awaited at most
 // a tenth of the TTL (200 ms at most); the lease is held when a quorum of masters granted it,
@@ -45,10 +46,11 @@ var errSlowMaster = errors.New("no answer from the Redlock master")
 // none waits for another in a cycle). Each master's hold is renewed by its watchdog and loss
 // detection as a Mutex's hold is; the lease is lost once fewer than a quorum of them hold.
 //
-// Fencing: the lease's Token is the highest of its masters' tokens, raised on a quorum of
-// masters (all of them are asked) before the lease is handed out. Any later lease's quorum
-// shares a master with that one, so its token is higher, as long as that master kept its data
-// (see docs/DESIGN.md for a master that restarts empty).
+// Fencing: the lease's Token is the highest of its masters' tokens; before the lease is
+// handed out every master it holds (a quorum at least) is raised to the last token of its
+// block (a cohort's holders take the next ones). Any later lease's quorum shares a master
+// with that one, so its token is higher, as long as that master kept its data (see
+// docs/DESIGN.md for a master that restarts empty).
 func NewRedlock(masters []redis.UniversalClient, opts ...Option) *Client {
 	c := newClient(nil, opts)
 	rl := &redlock{quorum: len(masters)/2 + 1}

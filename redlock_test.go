@@ -44,6 +44,18 @@ func startRedlock(t *testing.T, n int, cfg func(i int) redistest.Config, opts ..
 	return set
 }
 
+// another returns another Redlock Client over the set's masters: another process's.
+func (set *redlockSet) another(t *testing.T, opts ...dlock.Option) *dlock.Client {
+	t.Helper()
+	masters := make([]redis.UniversalClient, len(set.clients))
+	for i, rc := range set.clients {
+		masters[i] = rc
+	}
+	c := dlock.NewRedlock(masters, opts...)
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	return c
+}
+
 // holders counts the masters on which the lock's key exists.
 func (set *redlockSet) holders(t *testing.T, name string) int {
 	t.Helper()
@@ -175,7 +187,8 @@ func TestRedlockStandsOnAQuorum(t *testing.T) {
 }
 
 // A Lock waiting for a Redlock lease is woken when it is released and served in the order it
-// came: first waiter first.
+// came: first waiter first, each waiter another process (a Client whose cohort waits in the
+// masters' queue for it).
 func TestRedlockWaitersAreServedInOrder(t *testing.T) {
 	ctx := ctxT(t)
 	set := startRedlock(t, 3, nil)
@@ -187,8 +200,9 @@ func TestRedlockWaitersAreServedInOrder(t *testing.T) {
 	got := make(chan string, 2)
 	leases := make(chan *dlock.Lease, 2)
 	for i, who := range []string{"first", "second"} {
+		c := set.another(t)
 		go func() {
-			l, err := set.c.Mutex(name).Lock(ctx)
+			l, err := c.Mutex(name).Lock(ctx)
 			if err != nil {
 				t.Error(err)
 				return
@@ -344,7 +358,7 @@ func TestRedlockClose(t *testing.T) {
 // release) would allow.
 func TestRedlockReleaserDoesNotOvertakeTheWaiter(t *testing.T) {
 	ctx := ctxT(t)
-	set := startRedlock(t, 3, nil)
+	set := startRedlock(t, 3, nil, dlock.WithoutCohort()) // every Lock its own waiter in Redis
 	name := redistest.Name(t)
 	m := set.c.Mutex(name)
 	for round := range 5 {
@@ -466,7 +480,7 @@ func TestRedlockWithOwnerTokenDoesNotGoBack(t *testing.T) {
 // the lock (found by review).
 func TestRedlockFaultyFirstMasterAfterContention(t *testing.T) {
 	ctx := ctxT(t)
-	set := startRedlock(t, 3, nil)
+	set := startRedlock(t, 3, nil, dlock.WithoutCohort()) // every Lock its own waiter in Redis
 	name := redistest.Name(t)
 	m := set.c.Mutex(name)
 	l1, err := m.Lock(ctx)
@@ -497,7 +511,7 @@ func TestRedlockFaultyFirstMasterAfterContention(t *testing.T) {
 // neither a hold nor a queue entry behind.
 func TestRedlockWaiterCtxAndClose(t *testing.T) {
 	ctx := ctxT(t)
-	set := startRedlock(t, 3, nil)
+	set := startRedlock(t, 3, nil, dlock.WithoutCohort()) // every Lock its own waiter in Redis
 	name := redistest.Name(t)
 	if _, err := set.c.Mutex(name).Lock(ctx); err != nil { // held until Close
 		t.Fatal(err)

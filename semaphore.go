@@ -134,7 +134,7 @@ func (s *Semaphore) holdSpec(owner string, n int) holdSpec {
 // newCohort makes the Client's cohort called key, for the handle's Acquires of n permits: it
 // may have as many holds at once as the semaphore has room for.
 func (s *Semaphore) newCohort(key string, n int) *cohort {
-	return &cohort{c: s.c, key: key, base: s.c.id + cohortVariant(s.cfg), permits: true,
+	return &cohort{c: s.c, key: key, base: s.c.id + cohortVariant(s.cfg), permits: true, fresh: true,
 		maxSlots: s.permits / n, spec: s.holdSpec("", n)}
 }
 
