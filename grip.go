@@ -103,7 +103,9 @@ func (q *quorum) setOnEnd(f func(err error)) (bool, error) {
 }
 
 // holdEnded runs when one of the holds ended other than by a release: below a quorum, the
-// grip ends with err and the holds still held are given back.
+// grip ends with err, and then the holds still held are given back. In that order: the
+// holds given back may be what lets another process in (with 4 masters, 2 lost leave only
+// 2 free), so the local holder's lease must have ended first (found by review).
 func (q *quorum) holdEnded(err error) {
 	q.mu.Lock()
 	if q.ended || q.heldLocked() >= q.need {
@@ -113,10 +115,10 @@ func (q *quorum) holdEnded(err error) {
 	q.ended = true
 	f := q.onEnd
 	q.mu.Unlock()
-	q.giveBackLater()
 	if f != nil {
 		f(err)
 	}
+	q.giveBackLater()
 }
 
 func (q *quorum) heldLocked() int {

@@ -263,8 +263,9 @@ func (l *Lease) Name() string {
 }
 
 // Owner returns the owner id the lease's hold has in Redis: the handle's WithOwner id, an id
-// made for this lease (a handle without WithOwner), or its Client's cohort id (cohorting).
-// Inspect and `dlock status` show the same id while the lease holds.
+// made for this lease (a handle without WithOwner), or the id of the Redis hold its Client's
+// cohort passes among its goroutines (cohorting: the Client's id, or under NewRedlock an id
+// of each hold's own). Inspect and `dlock status` show the same id while the lease holds.
 func (l *Lease) Owner() string {
 	if l == nil {
 		return ""

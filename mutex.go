@@ -17,7 +17,7 @@ import (
 // any process, are one owner in Redis and re-enter each other's holds there.
 //
 // By default the handles of one Client on one lock form a cohort: the Client holds the Redis
-// lock under its own id and passes it between its goroutines without a round trip, a bounded
+// lock under its own id (under NewRedlock, an id of each hold's own) and passes it between its goroutines without a round trip, a bounded
 // batch at a time (see WithoutCohort). Each handle's TTL and lease mode stay its own: handles
 // with other settings form their own cohort, which the Redis lock excludes like another
 // process.

@@ -185,3 +185,169 @@ func TestRedlockCohortQuorumLostAndClose(t *testing.T) {
 		t.Fatalf("lock key on %d masters after Close", n)
 	}
 }
+
+// TestRedlockWaiterCtxAndClose with cohorting on: the waiter is local, the cohort's acquirer
+// waits in the masters' queue (from review).
+func TestRedlockCohortWaiterCtxAndClose(t *testing.T) {
+	ctx := ctxT(t)
+	set := startRedlock(t, 3, nil)
+	holder := set.another(t)
+	name := redistest.Name(t)
+	if _, err := holder.Mutex(name).Lock(ctx); err != nil { // held until the end
+		t.Fatal(err)
+	}
+	wait := func(wctx context.Context) <-chan error {
+		done := make(chan error, 1)
+		go func() {
+			l, err := set.c.Mutex(name).Lock(wctx)
+			if err == nil {
+				_ = l.Unlock(ctx)
+			}
+			done <- err
+		}()
+		return done
+	}
+	queued := func() (n int64) {
+		for _, r := range set.raw {
+			n += r.ZCard(ctx, lockKey(name)+":queue").Val()
+		}
+		return n
+	}
+	noneQueued := func(when string) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); queued() > 0; time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %d places still queued", when, queued())
+			}
+		}
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	done := wait(wctx)
+	waitQueuedRaw(t, set.raw[0], name, 1)
+	cancel()
+	if err := <-done; !errors.Is(err, dlock.ErrNotObtained) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled waiter: %v, want ErrNotObtained and context.Canceled", err)
+	}
+	noneQueued("after the cancelled waiter")
+
+	done = wait(ctx)
+	waitQueuedRaw(t, set.raw[0], name, 1)
+	if err := set.c.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, dlock.ErrClosed) {
+		t.Fatalf("waiter at Close: %v, want ErrClosed", err)
+	}
+	noneQueued("after Close")
+}
+
+// TestRedlockFaultyFirstMasterAfterContention with cohorting on, the contended Lock another
+// process's (its cohort's acquirer; from review).
+func TestRedlockCohortFaultyFirstMasterAfterContention(t *testing.T) {
+	ctx := ctxT(t)
+	set := startRedlock(t, 3, nil)
+	o := set.another(t)
+	name := redistest.Name(t)
+	l1, err := set.c.Mutex(name).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *dlock.Lease, 1)
+	go func() {
+		l, err := o.Mutex(name).Lock(ctx)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- l
+	}()
+	waitQueuedRaw(t, set.raw[0], name, 1)
+	time.Sleep(10 * time.Millisecond)
+	if err := l1.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l2 := <-got
+	if l2 == nil {
+		t.FailNow()
+	}
+	// Another local waiter, so the next take is the acquirer's (a wait, on a contended lock).
+	l3c := make(chan *dlock.Lease, 1)
+	go func() {
+		l, err := o.Mutex(name).Lock(ctx)
+		if err != nil {
+			t.Error(err)
+		}
+		l3c <- l
+	}()
+	for dlock.CohortWaiters(o, name) < 1 {
+		time.Sleep(time.Millisecond)
+	}
+	dlock.SetCohortBatchTime(t, 0) // no hand-off: the waiter needs a new quorum
+	for _, kv := range [][2]string{{"maxmemory-policy", "noeviction"}, {"maxmemory", "1"}} {
+		if err := set.raw[0].ConfigSet(ctx, kv[0], kv[1]).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := l2.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case l3 := <-l3c:
+		if l3 == nil {
+			t.FailNow()
+		}
+		_ = l3.Unlock(ctx)
+	case <-time.After(10 * time.Second):
+		t.Fatal("no lease with master 0 out of memory")
+	}
+}
+
+// A Redlock cohort lease whose Unlock reached fewer than a quorum (two masters paused, a
+// short ctx): Unlock says so, a later Unlock retries the releases, a local waiter is served
+// once the masters answer again, and no key is left (from review).
+func TestRedlockCohortUnlockRetry(t *testing.T) {
+	ctx := ctxT(t)
+	set := startRedlock(t, 3, func(int) redistest.Config { return redistest.Config{TCP: true} })
+	name := redistest.Name(t)
+	l, err := set.c.Mutex(name).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dlock.SetCohortBatchTime(t, 0) // no hand-off: the waiter needs the lock back from Redis
+	got := make(chan error, 1)
+	go func() {
+		l2, err := set.c.Mutex(name).Lock(ctx)
+		if err == nil {
+			err = l2.Unlock(ctx)
+		}
+		got <- err
+	}()
+	for dlock.CohortWaiters(set.c, name) < 1 {
+		time.Sleep(time.Millisecond)
+	}
+	set.servers[1].Pause()
+	set.servers[2].Pause()
+	uctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	err = l.Unlock(uctx)
+	cancel()
+	t.Logf("first Unlock: %v", err)
+	if err == nil {
+		t.Fatal("Unlock reached one master of three and returned nil")
+	}
+	set.servers[1].Resume()
+	set.servers[2].Resume()
+	err = l.Unlock(ctx)
+	t.Logf("second Unlock: %v", err)
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatalf("waiter: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("local waiter not served 10s after the masters came back")
+	}
+	for deadline := time.Now().Add(5 * time.Second); set.holders(t, name) > 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("lock key on %d masters", set.holders(t, name))
+		}
+	}
+}

@@ -54,3 +54,90 @@ func TestRedlockRaisesTheFenceOnEveryHeldMaster(t *testing.T) {
 	}
 	t.Logf("%v", err)
 }
+
+// When a Redlock cohort's quorum is lost (quorum.holdEnded), the local holder's lease ends
+// before the holds still held are given back (found by review: they were given back first). With 4
+// masters (a quorum of 3), losing 2 ends the quorum but leaves only 2 free masters, so the
+// release of our other 2 is what lets another process in. The cohort's end callback is held
+// up here by holding co.mu (standing for any delay of that goroutine: scheduling, a GC pause,
+// co.mu taken by another goroutine): another process then holds the lock while our lease's
+// Done is still open. A plain Redlock lease (holding.end, then lostMember) tells its leases
+// first.
+func TestRedlockCohortEndsTheLeaseBeforeGivingBack(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var masters []redis.UniversalClient
+	var raw []*redis.Client
+	for range 4 {
+		s := redistest.StartT(t, redistest.Config{})
+		rc, r := s.Client(), s.Client()
+		t.Cleanup(func() { _ = rc.Close(); _ = r.Close() })
+		masters = append(masters, rc)
+		raw = append(raw, r)
+	}
+	c := NewRedlock(masters)
+	defer c.Close(context.Background())
+	other := NewRedlock(masters)
+	defer other.Close(context.Background())
+	name := redistest.Name(t)
+	m := c.Mutex(name)
+	l, err := m.Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range l.hd.holds() {
+		<-h.tracked // push loss detection armed on every master
+	}
+	c.mu.Lock()
+	co := c.cohorts[m.cohort]
+	c.mu.Unlock()
+	co.mu.Lock()
+	locked := true
+	defer func() {
+		if locked {
+			co.mu.Unlock()
+		}
+	}()
+	key := m.keys.lock
+	for _, r := range raw[:2] {
+		if err := r.Del(ctx, key).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Our lease cannot be told while co.mu is held: masters 2 and 3 must not be given back meanwhile.
+	released := false
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if raw[2].Exists(ctx, key).Val() == 0 && raw[3].Exists(ctx, key).Val() == 0 {
+			released = true
+			break
+		}
+	}
+	if released {
+		select {
+		case <-l.Done():
+		default:
+			l2, err := other.Mutex(name, WithoutCohort()).TryLock(ctx)
+			if err != nil {
+				t.Fatalf("other process: %v", err)
+			}
+			defer l2.Unlock(ctx)
+			select {
+			case <-l.Done():
+			default:
+				t.Errorf("another process holds the lock (token %d) while our lease (token %d) is still held as far as its holder can tell (Done open, Err %v)", l2.Token(), l.Token(), l.Err())
+			}
+		}
+	}
+	co.mu.Unlock()
+	locked = false
+	select {
+	case <-l.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("lease never ended")
+	}
+	for deadline := time.Now().Add(5 * time.Second); raw[2].Exists(ctx, key).Val()+raw[3].Exists(ctx, key).Val() > 0 && !released; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the holds left were not given back after the lease ended")
+		}
+	}
+}
