@@ -34,21 +34,35 @@ const lateRetry = 10 * time.Millisecond
 // leaveTimeout bounds how long a waiter that gives up spends leaving the Redis queue.
 const leaveTimeout = time.Second
 
-// lockWith runs a primitive's lock call take for ref: a done ctx gets no lease, a ctx holding
-// a lease of the lock re-enters it (when access allows; a ref without a lock key, a
-// MultiLock's, never re-enters), and a lease obtained while ctx ended is given back.
-func (c *Client) lockWith(ctx context.Context, ref lockRef, a access, take func() (*Lease, error)) (*Lease, error) {
+// lockWith runs a primitive's lock call take for ref (waiting if wait is set), told to the
+// Client's observer: a done ctx gets no lease, a ctx holding a lease of the lock re-enters it
+// (when access allows; a ref without a lock key, a MultiLock's or a Semaphore's, never
+// re-enters), and a lease obtained while ctx ended is given back. take runs with the context
+// the observer gave.
+func (c *Client) lockWith(ctx context.Context, ref lockRef, a access, wait bool, take func(context.Context) (*Lease, error)) (*Lease, error) {
+	if c.obs == nil {
+		return c.lockWithin(ctx, ref, a, take)
+	}
+	call := Call{Name: ref.name}
+	call.Kind, call.Method = callKind(a, ref.lock == "" && a == accessMutex, wait)
+	ctx = c.observeStart(ctx, &call)
+	l, err := c.lockWithin(ctx, ref, a, take)
+	c.observeDone(ctx, call, l, err)
+	return l, err
+}
+
+func (c *Client) lockWithin(ctx context.Context, ref lockRef, a access, take func(context.Context) (*Lease, error)) (*Lease, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, notObtained(ref.name, err)
 	}
 	if hd := reentered(ctx, ref); hd != nil && ref.lock != "" {
 		return hd.reenter(ctx, ref, a)
 	}
-	l, err := take()
+	l, err := take(ctx)
 	if err == nil && ctx.Err() != nil {
 		// The caller's ctx ended while the lock was being taken: it must not get a lease it
 		// will not expect, so the lock goes on to the next waiter.
-		_ = l.Unlock(context.WithoutCancel(ctx))
+		_ = l.unlock(context.WithoutCancel(ctx))
 		return nil, notObtained(ref.name, ctx.Err())
 	}
 	return l, err

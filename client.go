@@ -41,6 +41,7 @@ type Client struct {
 	clock       func() time.Time
 
 	log *slog.Logger
+	obs *Observer // WithObserver's, or nil
 
 	bg          context.Context // background work's context, cancelled when Close starts
 	stop        context.CancelFunc
@@ -98,6 +99,7 @@ func newClient(rdb redis.UniversalClient, opts []Option) *Client {
 	c.cleanup, c.stopCleanup = context.WithCancel(context.Background())
 	c.err = c.cfg.validate()
 	c.log = c.cfg.logger
+	c.obs = c.cfg.observer
 	if c.log == nil {
 		c.log = slog.New(slog.DiscardHandler)
 	}

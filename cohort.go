@@ -321,7 +321,7 @@ func (co *cohort) giveUp(ctx context.Context, w *cohortWaiter, err error) (*Leas
 	} else {
 		co.mu.Unlock()
 		if r := <-w.ready; r.l != nil { // granted just now: pass it on
-			_ = r.l.Unlock(context.WithoutCancel(ctx))
+			_ = r.l.unlock(context.WithoutCancel(ctx))
 		}
 	}
 	return nil, err

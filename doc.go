@@ -97,6 +97,7 @@
 // definite answer from the lock's current master ends a lease; failovers, restarts that kept
 // their data and dead connections leave leases running until Redis answers or their safe
 // deadline passes. dlock logs (WithLogger) what it cannot fix itself, such as a refused
-// permission or an evicting maxmemory-policy; it never writes to stderr. README.md shows the
-// minimal ACL; docs/DESIGN.md what each failure does.
+// permission, an evicting maxmemory-policy or a lost lease; it never writes to stderr.
+// WithObserver tells metrics and tracing code of every lock call, lease end and renewal.
+// README.md shows the minimal ACL; docs/DESIGN.md what each failure does.
 package dlock

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/dlock-go/dlock"
@@ -241,4 +242,42 @@ func ExampleNewRedlock() {
 	defer l.Unlock(ctx)
 	// Pass l.Token() to the payment store: it only rises across holders, on any quorum.
 	fmt.Println("charging under token", l.Token())
+}
+
+// An Observer feeds metrics, traces and logs. Here it counts lock calls by outcome and measures
+// how long leases were held; the CallStart context is where a tracer would start its span.
+func ExampleWithObserver() {
+	ctx := context.Background()
+	opt, _ := redis.ParseURL(os.Getenv("REDIS_URL"))
+	rdb := redis.NewClient(opt)
+	defer rdb.Close()
+	var mu sync.Mutex
+	calls := map[string]int{}
+	ended := make(chan time.Duration, 1)
+	c := dlock.New(rdb, dlock.WithObserver(dlock.Observer{
+		CallDone: func(ctx context.Context, call dlock.Call, l *dlock.Lease, err error) {
+			outcome := "ok"
+			if errors.Is(err, dlock.ErrNotObtained) {
+				outcome = "busy"
+			}
+			mu.Lock()
+			calls[call.Kind+" "+call.Method+" "+outcome]++
+			mu.Unlock()
+		},
+		LeaseEnded: func(l *dlock.Lease, held time.Duration, err error) { ended <- held },
+	}))
+	defer c.Close(ctx)
+
+	l, _ := c.Mutex("example:report").Lock(ctx)
+	_, err := c.Mutex("example:report", dlock.WithoutCohort()).TryLock(ctx) // another owner
+	fmt.Println("second owner:", errors.Is(err, dlock.ErrNotObtained))
+	_ = l.Unlock(ctx)
+	fmt.Println("held for a while:", <-ended > 0)
+	mu.Lock()
+	fmt.Println(calls["mutex Lock ok"], calls["mutex TryLock busy"], calls["mutex Unlock ok"])
+	mu.Unlock()
+	// Output:
+	// second owner: true
+	// held for a while: true
+	// 1 1 1
 }

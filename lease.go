@@ -32,6 +32,7 @@ type Lease struct {
 	token  uint64
 	done   chan struct{}
 	lockCx context.Context // the ctx given to Lock: Context keeps its values
+	start  time.Time       // when it was handed out (for an Observer)
 
 	mu       sync.Mutex
 	state    leaseState
@@ -155,10 +156,19 @@ func (hd *holding) remaining() time.Duration {
 	return ds[len(ds)-hd.need]
 }
 
+// newLease returns a lease of holding hd, taken through ref with ctx.
+func newLease(ctx context.Context, ref lockRef, hd *holding) *Lease {
+	l := &Lease{ref: ref, hd: hd, token: hd.token, done: make(chan struct{}), lockCx: ctx}
+	if ref.c.obs != nil {
+		l.start = ref.c.now()
+	}
+	return l
+}
+
 // first returns the holding's first lease, taken through ref with ctx. A holding ended in between
 // (lost the moment it was taken) gives a lease that has ended too.
 func (hd *holding) first(ctx context.Context, ref lockRef) *Lease {
-	l := &Lease{ref: ref, hd: hd, token: hd.token, done: make(chan struct{}), lockCx: ctx}
+	l := newLease(ctx, ref, hd)
 	hd.mu.Lock()
 	ended := hd.ended
 	if !ended {
@@ -186,7 +196,7 @@ func (hd *holding) reenter(ctx context.Context, ref lockRef, a access) (*Lease, 
 	if hd.ended || len(hd.leases) == 0 || !hd.valid() {
 		return nil, notObtained(ref.name, fmt.Errorf("the lease of the context has ended"))
 	}
-	l := &Lease{ref: ref, hd: hd, token: hd.token, done: make(chan struct{}), lockCx: ctx}
+	l := newLease(ctx, ref, hd)
 	hd.leases = append(hd.leases, l)
 	return l, nil
 }
@@ -467,6 +477,20 @@ func (l *Lease) Unlock(ctx context.Context) error {
 	if l == nil {
 		return fmt.Errorf("%w: Unlock of a nil Lease", ErrNotHeld)
 	}
+	c := l.ref.c
+	if c.obs == nil {
+		return l.unlock(ctx)
+	}
+	kind, _ := callKind(l.hd.h.access, l.hd.multi, true)
+	call := Call{Method: "Unlock", Kind: kind, Name: l.ref.name}
+	ctx = c.observeStart(ctx, &call)
+	err := l.unlock(ctx)
+	c.observeDone(ctx, call, l, err)
+	return err
+}
+
+// unlock is Unlock's work, unobserved (dlock's own Unlocks of leases it gives back).
+func (l *Lease) unlock(ctx context.Context) error {
 	l.mu.Lock()
 	state, unlocked, lostErr, retry := l.state, l.unlocked, l.err, l.retry
 	if state == leaseHeld {
@@ -566,4 +590,5 @@ func (l *Lease) finish(err error, unlocked bool) {
 	if cancel != nil {
 		cancel(err)
 	}
+	l.observeEnd(err)
 }

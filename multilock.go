@@ -122,7 +122,7 @@ func (ml *MultiLock) lock(ctx context.Context, wait bool) (*Lease, error) {
 			return nil, fmt.Errorf("%w: MultiLock member %q is held by a lease of the context", ErrInvalid, ml.names[i])
 		}
 	}
-	return ml.c.lockWith(ctx, ref, accessMutex, func() (*Lease, error) {
+	return ml.c.lockWith(ctx, ref, accessMutex, wait, func(ctx context.Context) (*Lease, error) {
 		owner := ml.ids.call()
 		specs := make([]holdSpec, len(ml.names))
 		for i, n := range ml.names {

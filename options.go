@@ -63,6 +63,7 @@ type config struct {
 	clock      func() time.Time // default: time.Now (a Client option only)
 	logger     *slog.Logger     // default: discard (a Client option only)
 	ack        replicaAck       // default: off (WithReplicaAck)
+	observer   *Observer        // default: none (a Client option only)
 }
 
 // WithTTL sets the lease TTL. With renewal on (the default) the lease is renewed every TTL/4
@@ -107,11 +108,12 @@ func WithoutCohort() Option { return func(c *config) { c.noCohort = true } }
 // is a Client option: given to Client.Mutex it has no effect.
 func WithClock(now func() time.Time) Option { return func(c *config) { c.clock = now } }
 
-// WithLogger makes the Client report what it cannot fix itself to logger: a missing
-// permission that switches a feature off, a maxmemory-policy that may evict locks, a
-// notification connection that keeps failing. Each condition is logged once when it starts
-// (and once when it ends), never per call. The default discards them. It is a Client option:
-// given to Client.Mutex it has no effect.
+// WithLogger makes the Client report what it cannot fix itself to logger: a lease lost (a
+// warning per lease), a missing permission that switches a feature off, a maxmemory-policy
+// that may evict locks, a notification connection that keeps failing. Each condition but a
+// lost lease is logged once when it starts (and once when it ends); nothing is logged per
+// call. The default discards them. It is a Client option: given to Client.Mutex it has no
+// effect. For metrics and traces see WithObserver.
 func WithLogger(logger *slog.Logger) Option { return func(c *config) { c.logger = logger } }
 
 func (c config) apply(opts []Option) config {

@@ -3,6 +3,7 @@ package dlock
 import (
 	"container/heap"
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"time"
@@ -226,16 +227,18 @@ func (r *renewer) renewBatch(ctx context.Context, due []*hold) {
 			}
 		}
 		if a := l.cfg.ack; err == nil && n != 0 && a.on() {
-			if a.short(ack.read(wait)) {
+			if rep := ack.read(wait); a.short(rep) {
 				// Renewed in Redis but not acknowledged: it does not count. The lease keeps
 				// its deadline, and the next try comes soon (a renewal that is acknowledged
 				// counts from when it was sent).
+				r.c.observeRenewal(l, sent, join(fmt.Errorf("%w: lock %q: renewal acknowledged by %d of %d replicas", ErrNotReplicated, l.name, rep.replicas, a.n), rep.err))
 				r.requeue(l, r.c.now().Add(retries[i]), time.Time{}, 0)
 				continue
 			}
 		}
 		switch {
 		case err != nil:
+			r.c.observeRenewal(l, sent, redisErr("renew", l.name, err))
 			if classify(err) == replyUnavailable {
 				// A dead Cluster master answers nothing, not MOVED: ask the client to look for
 				// the slot's new master, or renewals would go to the dead node until the deadline.
@@ -243,8 +246,10 @@ func (r *renewer) renewBatch(ctx context.Context, due []*hold) {
 			}
 			r.requeue(l, r.c.now().Add(retries[i]), time.Time{}, 0)
 		case n == 0:
+			r.c.observeRenewal(l, sent, leaseLost(l.name, errRenewRefused))
 			l.lose(errRenewRefused)
 		default:
+			r.c.observeRenewal(l, sent, nil)
 			r.requeue(l, sent.Add(renewPeriod(ttls[i])), sent, ttls[i])
 		}
 	}

@@ -110,7 +110,7 @@ func (rw *RWMutex) lock(ctx context.Context, a access, wait bool) (*Lease, error
 		return nil, rw.err
 	}
 	ref := lockRef{rw.c, rw.name, rw.keys.lock}
-	return rw.c.lockWith(ctx, ref, a, func() (*Lease, error) {
+	return rw.c.lockWith(ctx, ref, a, wait, func(ctx context.Context) (*Lease, error) {
 		if a == accessRead && rw.share != "" {
 			return rw.c.sharedRead(ctx, rw, ref, wait)
 		}

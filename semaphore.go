@@ -116,7 +116,7 @@ func (s *Semaphore) acquire(ctx context.Context, n int, wait bool) (*Lease, erro
 		return nil, fmt.Errorf("%w: semaphore %q: cannot take %d permits of %d", ErrInvalid, s.name, n, s.permits)
 	}
 	ref := lockRef{c: s.c, name: s.name} // no lock key: never re-entered
-	return s.c.lockWith(ctx, ref, accessPermits, func() (*Lease, error) {
+	return s.c.lockWith(ctx, ref, accessPermits, wait, func(ctx context.Context) (*Lease, error) {
 		if s.cohort != "" {
 			key := s.cohort + ":" + strconv.Itoa(n)
 			return s.c.cohortLock(ctx, key, func() *cohort { return s.newCohort(key, n) }, ref, wait)
