@@ -1,7 +1,7 @@
 # dlock: `make demo` and `make test` do all set-up on a fresh Debian machine with Go.
 GO ?= go
 
-.PHONY: demo test test-ha bench bench-pg safety build redis-server clean
+.PHONY: demo test test-ha bench bench-pg safety build redis-server prometheus clean
 
 # redis-server is needed by the tests and by the demo's throwaway server; the failover tests
 # also build a small clock-offset shim with the C compiler.
@@ -15,6 +15,13 @@ redis-server:
 	  SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq gcc libc6-dev >/dev/null; }
 
+# The Prometheus adapter's test (dlockprom/) scrapes its metrics with a real prometheus server.
+prometheus:
+	@command -v prometheus >/dev/null 2>&1 || { \
+	  echo "prometheus missing: installing it with apt-get"; \
+	  SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq prometheus >/dev/null; }
+
 build:
 	$(GO) build -o bin/dlock ./cmd/dlock
 
@@ -24,9 +31,10 @@ demo: build
 	@[ -n "$$REDIS_URL" ] || $(MAKE) --no-print-directory redis-server
 	./bin/dlock demo
 
-test: redis-server
+test: redis-server prometheus
 	$(GO) vet ./...
 	$(GO) test -race -count=1 ./...
+	cd dlockprom && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 
 # High availability (ha_test.go): Cluster graceful and forced failovers, a Sentinel failover
 # and a paused-and-resumed Sentinel master, each repeated $$DLOCK_HA_REPS times (default 20)

@@ -1,0 +1,160 @@
+// Package dlockprom exports what a dlock Client's locks do as Prometheus metrics: lock calls by
+// outcome and how long they waited, how long leases were held and how they ended, and the
+// watchdog's renewals. It is a module of its own, so users of dlock who do not use Prometheus
+// never download its client library.
+//
+//	m := dlockprom.New()
+//	prometheus.MustRegister(m)
+//	c := dlock.New(rdb, dlock.WithObserver(m.Observer()))
+//
+// Lock names are not labels: a service that locks one name per user or order would make a
+// series per name. The labels are the primitive (kind: mutex, rwmutex, semaphore, multilock),
+// the method (Lock, TryLock, RLock, TryRLock, Acquire, TryAcquire, Unlock) and the outcome.
+//
+// The series, all prefixed dlock_:
+//
+//	calls_total{kind,method,outcome}             lock calls and Unlocks, by outcome
+//	lock_wait_seconds{kind,method,outcome}       how long lock calls took (histogram)
+//	leases_acquired_total{kind}                  leases handed out by lock calls
+//	leases_ended_total{end}                      leases ended: unlocked, lost, closed
+//	lease_held_seconds{end}                      how long leases were held (histogram)
+//	renewals_total{outcome}                      watchdog renewals: ok, refused, not_replicated, unavailable, error
+//	renewal_duration_seconds                     how long Redis took to answer a renewal (histogram)
+//
+// Outcomes of calls: ok, not_obtained (taken by another owner, or the caller's context ended),
+// not_held (Unlock of a lease already ended), unavailable (Redis gave no definite answer),
+// closed, invalid (a bad argument or setting, or a server dlock cannot use), error (anything
+// else, such as a refused permission).
+package dlockprom
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/dlock-go/dlock"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics collects a dlock Client's events (through the Observer it returns) as Prometheus
+// metrics. It is a prometheus.Collector: register it once, and give its Observer to every
+// Client whose locks it should count. It is safe for concurrent use.
+type Metrics struct {
+	calls    *prometheus.CounterVec
+	wait     *prometheus.HistogramVec
+	acquired *prometheus.CounterVec
+	ended    *prometheus.CounterVec
+	held     *prometheus.HistogramVec
+	renewals *prometheus.CounterVec
+	renewDur prometheus.Histogram
+}
+
+// New returns Metrics with the series listed in the package documentation, registered nowhere
+// yet.
+func New() *Metrics {
+	const ns = "dlock"
+	return &Metrics{
+		calls: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "calls_total",
+			Help: "Lock calls and Unlocks, by primitive, method and outcome."}, []string{"kind", "method", "outcome"}),
+		wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "lock_wait_seconds",
+			Help:    "How long lock calls took (for Lock, how long the caller waited), by primitive, method and outcome.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 4, 10)}, []string{"kind", "method", "outcome"}),
+		acquired: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "leases_acquired_total",
+			Help: "Leases handed out by lock calls, by primitive."}, []string{"kind"}),
+		ended: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "leases_ended_total",
+			Help: "Leases ended, by how: unlocked, lost or closed."}, []string{"end"}),
+		held: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "lease_held_seconds",
+			Help:    "How long leases were held, by how they ended.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10)}, []string{"end"}),
+		renewals: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "renewals_total",
+			Help: "Watchdog renewals of Redis holds, by outcome."}, []string{"outcome"}),
+		renewDur: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "renewal_duration_seconds",
+			Help:    "How long Redis took to answer a watchdog renewal.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 4, 8)}),
+	}
+}
+
+func (m *Metrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.calls, m.wait, m.acquired, m.ended, m.held, m.renewals, m.renewDur}
+}
+
+// Describe implements prometheus.Collector.
+func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
+	for _, c := range m.collectors() {
+		c.Describe(ch)
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
+	for _, c := range m.collectors() {
+		c.Collect(ch)
+	}
+}
+
+// Observer returns the dlock.Observer that feeds m: pass it to dlock.WithObserver. It only
+// counts and observes, so it never holds up a lock call.
+func (m *Metrics) Observer() dlock.Observer {
+	return dlock.Observer{
+		CallDone: func(_ context.Context, call dlock.Call, l *dlock.Lease, err error) {
+			outcome := callOutcome(err)
+			m.calls.WithLabelValues(call.Kind, call.Method, outcome).Inc()
+			if call.Method == "Unlock" {
+				return
+			}
+			m.wait.WithLabelValues(call.Kind, call.Method, outcome).Observe(time.Since(call.Start).Seconds())
+			if err == nil && l != nil {
+				m.acquired.WithLabelValues(call.Kind).Inc()
+			}
+		},
+		LeaseEnded: func(_ *dlock.Lease, held time.Duration, err error) {
+			end := "unlocked"
+			switch {
+			case errors.Is(err, dlock.ErrClosed):
+				end = "closed"
+			case err != nil:
+				end = "lost"
+			}
+			m.ended.WithLabelValues(end).Inc()
+			m.held.WithLabelValues(end).Observe(held.Seconds())
+		},
+		Renewed: func(_ string, latency time.Duration, err error) {
+			outcome := "ok"
+			switch {
+			case err == nil:
+			case errors.Is(err, dlock.ErrLeaseLost):
+				outcome = "refused"
+			case errors.Is(err, dlock.ErrNotReplicated):
+				outcome = "not_replicated"
+			case errors.Is(err, dlock.ErrUnavailable):
+				outcome = "unavailable"
+			default:
+				outcome = "error"
+			}
+			m.renewals.WithLabelValues(outcome).Inc()
+			if err == nil {
+				m.renewDur.Observe(latency.Seconds())
+			}
+		},
+	}
+}
+
+// callOutcome names the outcome of a call by its error.
+func callOutcome(err error) string {
+	switch {
+	case err == nil:
+		return "ok"
+	case errors.Is(err, dlock.ErrNotObtained):
+		return "not_obtained"
+	case errors.Is(err, dlock.ErrNotHeld):
+		return "not_held"
+	case errors.Is(err, dlock.ErrClosed):
+		return "closed"
+	case errors.Is(err, dlock.ErrInvalid), errors.Is(err, dlock.ErrIncompatible):
+		return "invalid"
+	case errors.Is(err, dlock.ErrUnavailable):
+		return "unavailable"
+	default:
+		return "error"
+	}
+}
