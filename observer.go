@@ -119,3 +119,27 @@ func (c *Client) observeRenewal(h *hold, sent time.Time, err error) {
 		o.Renewed(h.name, c.since(sent), err)
 	}
 }
+
+// Outcome names the outcome of a call by its error, for metrics and traces (the adapters
+// label with it): "ok" (nil), "not_obtained" (taken by another owner, or the caller's context
+// ended first), "not_held" (Unlock or Extend of a lease that had ended), "closed",
+// "invalid" (a bad argument or setting, or a server dlock cannot use), "unavailable" (Redis
+// gave no definite answer) or "error" (anything else, such as a refused permission).
+func Outcome(err error) string {
+	switch {
+	case err == nil:
+		return "ok"
+	case errors.Is(err, ErrNotObtained):
+		return "not_obtained"
+	case errors.Is(err, ErrNotHeld):
+		return "not_held"
+	case errors.Is(err, ErrClosed):
+		return "closed"
+	case errors.Is(err, ErrInvalid), errors.Is(err, ErrIncompatible):
+		return "invalid"
+	case errors.Is(err, ErrUnavailable):
+		return "unavailable"
+	default:
+		return "error"
+	}
+}

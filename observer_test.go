@@ -210,3 +210,25 @@ func TestObserverHearsRenewalsLossAndClose(t *testing.T) {
 		}
 	}
 }
+
+// Outcome names errors as dlock returns them, the most specific first (a Lock whose ctx ended
+// while Redis was down matches both ErrNotObtained and ErrUnavailable: not_obtained).
+func TestOutcome(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want string
+	}{
+		{nil, "ok"},
+		{fmt.Errorf("%w: %w", dlock.ErrNotObtained, dlock.ErrUnavailable), "not_obtained"},
+		{fmt.Errorf("%w: %w", dlock.ErrNotHeld, dlock.ErrLeaseLost), "not_held"},
+		{fmt.Errorf("%w: lock", dlock.ErrClosed), "closed"},
+		{fmt.Errorf("%w: bad TTL", dlock.ErrInvalid), "invalid"},
+		{dlock.ErrIncompatible, "invalid"},
+		{fmt.Errorf("%w: EOF", dlock.ErrUnavailable), "unavailable"},
+		{errors.New("NOPERM"), "error"},
+	} {
+		if got := dlock.Outcome(c.err); got != c.want {
+			t.Errorf("Outcome(%v) = %s, want %s", c.err, got, c.want)
+		}
+	}
+}

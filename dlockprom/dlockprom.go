@@ -21,10 +21,8 @@
 //	renewals_total{outcome}                      watchdog renewals: ok, refused, not_replicated, unavailable, error
 //	renewal_duration_seconds                     how long Redis took to answer a renewal (histogram)
 //
-// Outcomes of calls: ok, not_obtained (taken by another owner, or the caller's context ended),
-// not_held (Unlock of a lease already ended), unavailable (Redis gave no definite answer),
-// closed, invalid (a bad argument or setting, or a server dlock cannot use), error (anything
-// else, such as a refused permission).
+// Outcomes of calls are dlock.Outcome's: ok, not_obtained, not_held, closed, invalid,
+// unavailable, error.
 package dlockprom
 
 import (
@@ -97,7 +95,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 func (m *Metrics) Observer() dlock.Observer {
 	return dlock.Observer{
 		CallDone: func(_ context.Context, call dlock.Call, l *dlock.Lease, err error) {
-			outcome := callOutcome(err)
+			outcome := dlock.Outcome(err)
 			m.calls.WithLabelValues(call.Kind, call.Method, outcome).Inc()
 			if call.Method == "Unlock" {
 				return
@@ -136,25 +134,5 @@ func (m *Metrics) Observer() dlock.Observer {
 				m.renewDur.Observe(latency.Seconds())
 			}
 		},
-	}
-}
-
-// callOutcome names the outcome of a call by its error.
-func callOutcome(err error) string {
-	switch {
-	case err == nil:
-		return "ok"
-	case errors.Is(err, dlock.ErrNotObtained):
-		return "not_obtained"
-	case errors.Is(err, dlock.ErrNotHeld):
-		return "not_held"
-	case errors.Is(err, dlock.ErrClosed):
-		return "closed"
-	case errors.Is(err, dlock.ErrInvalid), errors.Is(err, dlock.ErrIncompatible):
-		return "invalid"
-	case errors.Is(err, dlock.ErrUnavailable):
-		return "unavailable"
-	default:
-		return "error"
 	}
 }
