@@ -120,11 +120,13 @@ func (c *Client) observeRenewal(h *hold, sent time.Time, err error) {
 	}
 }
 
-// Outcome names the outcome of a call by its error, for metrics and traces (the adapters
-// label with it): "ok" (nil), "not_obtained" (taken by another owner, or the caller's context
-// ended first), "not_held" (Unlock or Extend of a lease that had ended), "closed",
-// "invalid" (a bad argument or setting, or a server dlock cannot use), "unavailable" (Redis
-// gave no definite answer) or "error" (anything else, such as a refused permission).
+// Outcome names the outcome of a call, a lease's end or a renewal by its error, for metrics
+// and traces (the adapters label with it): "ok" (nil), "not_obtained" (taken by another owner,
+// or the caller's context ended first), "not_held" (Unlock or Extend of a lease that had
+// ended), "lost" (a lease lost, a renewal Redis refused), "not_replicated" (the replicas did
+// not acknowledge in time), "closed", "invalid" (a bad argument or setting, or a server dlock
+// cannot use), "unavailable" (Redis gave no definite answer) or "error" (anything else, such
+// as a refused permission).
 func Outcome(err error) string {
 	switch {
 	case err == nil:
@@ -133,6 +135,10 @@ func Outcome(err error) string {
 		return "not_obtained"
 	case errors.Is(err, ErrNotHeld):
 		return "not_held"
+	case errors.Is(err, ErrLeaseLost):
+		return "lost"
+	case errors.Is(err, ErrNotReplicated):
+		return "not_replicated"
 	case errors.Is(err, ErrClosed):
 		return "closed"
 	case errors.Is(err, ErrInvalid), errors.Is(err, ErrIncompatible):

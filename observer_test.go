@@ -221,6 +221,8 @@ func TestOutcome(t *testing.T) {
 		{nil, "ok"},
 		{fmt.Errorf("%w: %w", dlock.ErrNotObtained, dlock.ErrUnavailable), "not_obtained"},
 		{fmt.Errorf("%w: %w", dlock.ErrNotHeld, dlock.ErrLeaseLost), "not_held"},
+		{fmt.Errorf("%w: renewal refused", dlock.ErrLeaseLost), "lost"},
+		{fmt.Errorf("%w: 0 of 1", dlock.ErrNotReplicated), "not_replicated"},
 		{fmt.Errorf("%w: lock", dlock.ErrClosed), "closed"},
 		{fmt.Errorf("%w: bad TTL", dlock.ErrInvalid), "invalid"},
 		{dlock.ErrIncompatible, "invalid"},

@@ -18,16 +18,15 @@
 //	leases_acquired_total{kind}                  leases handed out by lock calls
 //	leases_ended_total{end}                      leases ended: unlocked, lost, closed
 //	lease_held_seconds{end}                      how long leases were held (histogram)
-//	renewals_total{outcome}                      watchdog renewals: ok, refused, not_replicated, unavailable, error
+//	renewals_total{outcome}                      watchdog renewals: ok, lost (refused), not_replicated, unavailable, error
 //	renewal_duration_seconds                     how long Redis took to answer a renewal (histogram)
 //
-// Outcomes of calls are dlock.Outcome's: ok, not_obtained, not_held, closed, invalid,
-// unavailable, error.
+// Outcomes are dlock.Outcome's: ok, not_obtained, not_held, closed, invalid, unavailable,
+// error for calls.
 package dlockprom
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/dlock-go/dlock"
@@ -107,28 +106,14 @@ func (m *Metrics) Observer() dlock.Observer {
 		},
 		LeaseEnded: func(_ *dlock.Lease, held time.Duration, err error) {
 			end := "unlocked"
-			switch {
-			case errors.Is(err, dlock.ErrClosed):
-				end = "closed"
-			case err != nil:
-				end = "lost"
+			if err != nil {
+				end = dlock.Outcome(err) // lost, closed
 			}
 			m.ended.WithLabelValues(end).Inc()
 			m.held.WithLabelValues(end).Observe(held.Seconds())
 		},
 		Renewed: func(_ string, latency time.Duration, err error) {
-			outcome := "ok"
-			switch {
-			case err == nil:
-			case errors.Is(err, dlock.ErrLeaseLost):
-				outcome = "refused"
-			case errors.Is(err, dlock.ErrNotReplicated):
-				outcome = "not_replicated"
-			case errors.Is(err, dlock.ErrUnavailable):
-				outcome = "unavailable"
-			default:
-				outcome = "error"
-			}
+			outcome := dlock.Outcome(err) // ok, lost (refused), not_replicated, unavailable, error
 			m.renewals.WithLabelValues(outcome).Inc()
 			if err == nil {
 				m.renewDur.Observe(latency.Seconds())
