@@ -35,34 +35,49 @@ const lateRetry = 10 * time.Millisecond
 const leaveTimeout = time.Second
 
 // lockWith runs a primitive's lock call take for ref (waiting if wait is set), told to the
-// Client's observer: a done ctx gets no lease, a ctx holding a lease of the lock re-enters it
-// (when access allows; a ref without a lock key, a MultiLock's or a Semaphore's, never
-// re-enters), and a lease obtained while ctx ended is given back. take runs with the context
-// the observer gave.
-func (c *Client) lockWith(ctx context.Context, ref lockRef, a access, wait bool, take func(context.Context) (*Lease, error)) (*Lease, error) {
+// Client's observer: bad (the handle's invalid name or option, or a bad argument) is returned
+// as is, a done ctx gets no lease, a ctx holding a lease of the lock re-enters it (when access
+// allows; a ref without a lock key, a MultiLock's or a Semaphore's, never re-enters), and a
+// lease obtained while ctx ended is given back. take runs with the context the observer gave;
+// the lease keeps the caller's.
+func (c *Client) lockWith(ctx context.Context, ref lockRef, a access, wait bool, bad error, take func(context.Context) (*Lease, error)) (*Lease, error) {
 	if c.obs == nil {
-		return c.lockWithin(ctx, ref, a, take)
+		if bad != nil {
+			return nil, bad
+		}
+		return c.lockWithin(ctx, ctx, ref, a, take)
 	}
 	call := Call{Name: ref.name}
 	call.Kind, call.Method = callKind(a, ref.lock == "" && a == accessMutex, wait)
-	ctx = c.observeStart(ctx, &call)
-	l, err := c.lockWithin(ctx, ref, a, take)
-	c.observeDone(ctx, call, l, err)
+	octx := c.observeStart(ctx, &call)
+	var l *Lease
+	err := bad
+	if err == nil {
+		l, err = c.lockWithin(ctx, octx, ref, a, take)
+	}
+	if l != nil {
+		l.mu.Lock()
+		l.lockCx = ctx // work under the lease is not part of the lock call
+		l.mu.Unlock()
+	}
+	c.observeDone(octx, call, l, err)
 	return l, err
 }
 
-func (c *Client) lockWithin(ctx context.Context, ref lockRef, a access, take func(context.Context) (*Lease, error)) (*Lease, error) {
+// lockWithin is lockWith's work: ctx is the caller's, octx the one the call runs with (ctx, or
+// one the observer derived from it).
+func (c *Client) lockWithin(ctx, octx context.Context, ref lockRef, a access, take func(context.Context) (*Lease, error)) (*Lease, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, notObtained(ref.name, err)
 	}
 	if hd := reentered(ctx, ref); hd != nil && ref.lock != "" {
 		return hd.reenter(ctx, ref, a)
 	}
-	l, err := take(ctx)
+	l, err := take(octx)
 	if err == nil && ctx.Err() != nil {
 		// The caller's ctx ended while the lock was being taken: it must not get a lease it
 		// will not expect, so the lock goes on to the next waiter.
-		_ = l.unlock(context.WithoutCancel(ctx))
+		_ = l.giveBackUnseen(context.WithoutCancel(ctx))
 		return nil, notObtained(ref.name, ctx.Err())
 	}
 	return l, err

@@ -321,7 +321,7 @@ func (co *cohort) giveUp(ctx context.Context, w *cohortWaiter, err error) (*Leas
 	} else {
 		co.mu.Unlock()
 		if r := <-w.ready; r.l != nil { // granted just now: pass it on
-			_ = r.l.unlock(context.WithoutCancel(ctx))
+			_ = r.l.giveBackUnseen(context.WithoutCancel(ctx))
 		}
 	}
 	return nil, err
@@ -567,7 +567,7 @@ func (co *cohort) holdEnded(s *cohortSlot, err error) {
 	s.cur = nil
 	co.mu.Unlock()
 	if cur != nil {
-		cur.end(err)
+		cur.end(err, true)
 	}
 	co.mu.Lock()
 	co.removeLocked(s)

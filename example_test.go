@@ -255,16 +255,16 @@ func ExampleWithObserver() {
 	calls := map[string]int{}
 	ended := make(chan time.Duration, 1)
 	c := dlock.New(rdb, dlock.WithObserver(dlock.Observer{
-		CallDone: func(ctx context.Context, call dlock.Call, l *dlock.Lease, err error) {
+		CallDone: func(ctx context.Context, call dlock.Call, res dlock.CallResult) {
 			outcome := "ok"
-			if errors.Is(err, dlock.ErrNotObtained) {
+			if errors.Is(res.Err, dlock.ErrNotObtained) {
 				outcome = "busy"
 			}
 			mu.Lock()
 			calls[call.Kind+" "+call.Method+" "+outcome]++
 			mu.Unlock()
 		},
-		LeaseEnded: func(l *dlock.Lease, held time.Duration, err error) { ended <- held },
+		LeaseEnded: func(e dlock.LeaseEnd) { ended <- e.Held },
 	}))
 	defer c.Close(ctx)
 

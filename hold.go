@@ -295,21 +295,19 @@ func leaseLost(name string, cause error) error {
 	return fmt.Errorf("%w: %q: %w", ErrLeaseLost, name, cause)
 }
 
-// lose ends a held hold as lost. It is a no-op once a release has started: the release
-// script's answer decides then.
-func (h *hold) lose(cause error) {
-	if h.isHeld() {
-		h.end(leaseLost(h.name, cause), true)
-	}
+// lose ends a held hold as lost, and reports whether it did. It is a no-op once a release has
+// started (the release script's answer decides then) or the hold has ended.
+func (h *hold) lose(cause error) bool {
+	return h.isHeld() && h.end(leaseLost(h.name, cause), true)
 }
 
 // end ends the hold once: records err, stops the deadline timer, renewal and watching, and
-// calls onEnd when notify is set.
-func (h *hold) end(err error, notify bool) {
+// calls onEnd when notify is set. It reports whether this call ended it.
+func (h *hold) end(err error, notify bool) bool {
 	h.mu.Lock()
 	if h.state == holdEnded {
 		h.mu.Unlock()
-		return
+		return false
 	}
 	h.state = holdEnded
 	h.err = err
@@ -327,6 +325,7 @@ func (h *hold) end(err error, notify bool) {
 	if notify && onEnd != nil {
 		onEnd(err)
 	}
+	return true
 }
 
 // setDeadlineLocked moves the safe deadline after an acquire, renewal or extend that was sent

@@ -86,6 +86,18 @@ func (h *logRecords) Handle(_ context.Context, r slog.Record) error {
 func (h *logRecords) WithAttrs([]slog.Attr) slog.Handler { return h }
 func (h *logRecords) WithGroup(string) slog.Handler      { return h }
 
+// findExcept returns the first record at level whose message does not contain text.
+func (h *logRecords) findExcept(level slog.Level, text string) (string, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, r := range h.recs {
+		if r.Level == level && !strings.Contains(r.Message, text) {
+			return r.Message, true
+		}
+	}
+	return "", false
+}
+
 // find returns the first record at level whose message contains text, with its attributes.
 func (h *logRecords) find(level slog.Level, text string) (string, bool) {
 	h.mu.Lock()

@@ -33,6 +33,7 @@ type Lease struct {
 	done   chan struct{}
 	lockCx context.Context // the ctx given to Lock: Context keeps its values
 	start  time.Time       // when it was handed out (for an Observer)
+	unseen bool            // given back before its lock call returned it: no Observer hears of it
 
 	mu       sync.Mutex
 	state    leaseState
@@ -106,7 +107,7 @@ func (hd *holding) holdEnded(err error) {
 		}
 	}
 	if held < hd.need {
-		hd.end(err)
+		hd.end(err, true)
 	}
 }
 
@@ -160,7 +161,7 @@ func (hd *holding) remaining() time.Duration {
 func newLease(ctx context.Context, ref lockRef, hd *holding) *Lease {
 	l := &Lease{ref: ref, hd: hd, token: hd.token, done: make(chan struct{}), lockCx: ctx}
 	if ref.c.obs != nil {
-		l.start = ref.c.now()
+		l.start = time.Now()
 	}
 	return l
 }
@@ -201,19 +202,27 @@ func (hd *holding) reenter(ctx context.Context, ref lockRef, a access) (*Lease, 
 	return l, nil
 }
 
-// end ends every lease of the holding with err (the hold was lost, or the Client closed).
-func (hd *holding) end(err error) {
+// end ends every lease of the holding with err (the hold was lost, or the Client closed). It
+// reports whether the holding had leases it ended (it was not ended or let go before); with
+// warn set it then warns the Client's logger of a loss first (once per Redis hold: a sharer
+// warns for the first of its holdings only).
+func (hd *holding) end(err error, warn bool) bool {
 	hd.mu.Lock()
-	leases := hd.leases
+	leases, was := hd.leases, hd.ended
 	hd.leases, hd.ended = nil, true
 	if hd.err == nil {
 		hd.err = err
 	}
 	hd.mu.Unlock()
+	ended := !was && len(leases) > 0
+	if ended && warn {
+		hd.h.c.logLost(hd.h.name, hd.token, err)
+	}
 	for _, l := range leases {
 		l.finish(err, false)
 	}
 	hd.lostMember()
+	return ended
 }
 
 // drop takes l out of the holding and reports whether it was the last lease, which lets the
@@ -489,7 +498,16 @@ func (l *Lease) Unlock(ctx context.Context) error {
 	return err
 }
 
-// unlock is Unlock's work, unobserved (dlock's own Unlocks of leases it gives back).
+// giveBackUnseen unlocks a lease its lock call will not return (the caller's ctx ended, or a
+// waiter gave up as it was granted): the Observer hears nothing of it.
+func (l *Lease) giveBackUnseen(ctx context.Context) error {
+	l.mu.Lock()
+	l.unseen = true
+	l.mu.Unlock()
+	return l.unlock(ctx)
+}
+
+// unlock is Unlock's work, unobserved.
 func (l *Lease) unlock(ctx context.Context) error {
 	l.mu.Lock()
 	state, unlocked, lostErr, retry := l.state, l.unlocked, l.err, l.retry
@@ -584,11 +602,13 @@ func (l *Lease) finish(err error, unlocked bool) {
 	}
 	l.state = leaseEnded
 	l.err = err
-	cancel := l.cancel
+	cancel, unseen := l.cancel, l.unseen
 	l.mu.Unlock()
 	close(l.done)
 	if cancel != nil {
 		cancel(err)
 	}
-	l.observeEnd(err)
+	if !unseen {
+		l.observeEnd(err)
+	}
 }

@@ -112,17 +112,15 @@ func (ml *MultiLock) Lock(ctx context.Context) (*Lease, error) {
 }
 
 func (ml *MultiLock) lock(ctx context.Context, wait bool) (*Lease, error) {
-	if ml.err != nil {
-		return nil, ml.err
-	}
 	ref := lockRef{c: ml.c, name: strings.Join(ml.names, ",")} // no lock key: never re-entered
+	bad := ml.err
 	for i, k := range ml.keys {
 		// A member the caller's context already holds would be waited for by the caller itself.
-		if reentered(ctx, lockRef{ml.c, ml.names[i], k.lock}) != nil {
-			return nil, fmt.Errorf("%w: MultiLock member %q is held by a lease of the context", ErrInvalid, ml.names[i])
+		if bad == nil && reentered(ctx, lockRef{ml.c, ml.names[i], k.lock}) != nil {
+			bad = fmt.Errorf("%w: MultiLock member %q is held by a lease of the context", ErrInvalid, ml.names[i])
 		}
 	}
-	return ml.c.lockWith(ctx, ref, accessMutex, wait, func(ctx context.Context) (*Lease, error) {
+	return ml.c.lockWith(ctx, ref, accessMutex, wait, bad, func(ctx context.Context) (*Lease, error) {
 		owner := ml.ids.call()
 		specs := make([]holdSpec, len(ml.names))
 		for i, n := range ml.names {

@@ -85,10 +85,7 @@ func (m *Mutex) Lock(ctx context.Context) (*Lease, error) {
 }
 
 func (m *Mutex) lock(ctx context.Context, wait bool) (*Lease, error) {
-	if m.err != nil {
-		return nil, m.err
-	}
-	return m.c.lockWith(ctx, m.ref(), accessMutex, wait, func(ctx context.Context) (*Lease, error) {
+	return m.c.lockWith(ctx, m.ref(), accessMutex, wait, m.err, func(ctx context.Context) (*Lease, error) {
 		if m.cohort != "" {
 			return m.c.cohortLock(ctx, m.cohort, m.newCohort, m.ref(), wait)
 		}

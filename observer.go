@@ -4,40 +4,39 @@ import (
 	"context"
 	"errors"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // An Observer is told what a Client's locks do, for metrics, traces and logs. It is a struct of
-// optional functions, as net/http/httptrace's ClientTrace is, so later dlock versions can tell
-// more without breaking it; a nil field is skipped. Install it with WithObserver.
+// optional functions, as net/http/httptrace's ClientTrace is, each taking a struct, so later
+// dlock versions can tell more without breaking it; a nil field is skipped. Install it with
+// WithObserver; the adapter modules dlockprom (Prometheus) and dlockotel (OpenTelemetry)
+// build on it.
 //
 // The functions run synchronously on the goroutine doing the work (a caller's, or dlock's
-// renewer and loss detection), so they must return quickly and must not block: a slow
-// LeaseEnded delays the next holder's hand-off, a slow Renewed delays every lease's renewal.
-// They may run concurrently with one another. They must not take a lock of the same Client
-// from within (that may wait for the very work they hold up).
+// renewer and loss detection), never under a lock of dlock's, so they must return quickly and
+// must not block: a slow LeaseEnded delays the next holder's hand-off, a slow Renewed every
+// lease's renewal. They may run concurrently with one another, and events of different leases
+// may arrive in either order (the next holder's CallDone may come before the last holder's
+// LeaseEnded); the events of one call, and of one lease, come in order. They must not wait for
+// a lock of the same Client (the work they hold up may be what would free it).
 type Observer struct {
 	// CallStart is called when a call of the API starts: Lock, TryLock, RLock, TryRLock,
-	// Acquire, TryAcquire (of Mutex, RWMutex, Semaphore, MultiLock) and Lease.Unlock. The
-	// context it returns (carrying a trace span, say) is the one the call runs with, so its
-	// Redis commands (and a lease it returns: Lease.Context keeps its values) carry it; it is
-	// given to CallDone. Returning nil keeps ctx.
+	// Acquire, TryAcquire (of Mutex, RWMutex, Semaphore, MultiLock) and Lease.Unlock. It must
+	// return ctx or a context derived from it (carrying a trace span, say), or nil to keep
+	// ctx: the call's Redis commands run with it, and CallDone gets it. A lease the call
+	// returns keeps the values of the caller's ctx, not of this one (work under the lease is
+	// not part of the lock call).
 	CallStart func(ctx context.Context, call Call) context.Context
-	// CallDone is called when that call returns, with the lease it returned or unlocked (nil
-	// if none) and its error (nil on success; match it with errors.Is against ErrNotObtained,
-	// ErrUnavailable, ErrNotHeld and the rest). time.Since(call.Start) is how long it took:
-	// for a Lock, how long it waited.
-	CallDone func(ctx context.Context, call Call, l *Lease, err error)
-	// LeaseEnded is called once per lease when it ends, with how long it was held: err is nil
-	// when an Unlock ended it (even one whose release Redis has not confirmed yet: its
-	// CallDone has that error), an error matching ErrLeaseLost when it was lost, ErrClosed when
-	// Client.Close ended it.
-	LeaseEnded func(l *Lease, held time.Duration, err error)
-	// Renewed is called for each watchdog renewal of a Redis hold, with the lock's name, how long
-	// Redis took to answer, and nil or why it did not count (a Redis error, a renewal that the
-	// replicas did not acknowledge under WithReplicaAck, or an error matching ErrLeaseLost when
-	// Redis refused it because the hold was gone). A hold shared by several leases (cohorting, a
-	// Redlock's masters, a MultiLock's members) is one renewal.
-	Renewed func(lock string, latency time.Duration, err error)
+	// CallDone is called when that call returns, with what it returned.
+	CallDone func(ctx context.Context, call Call, res CallResult)
+	// LeaseEnded is called once for each lease a call returned, when it ends.
+	LeaseEnded func(end LeaseEnd)
+	// Renewed is called for each watchdog renewal of a Redis hold: one per lock for a Mutex
+	// lease (however many goroutines of the Client share its hold), one per member for a
+	// MultiLock's, one per master for a Redlock's (Server names it).
+	Renewed func(r Renewal)
 }
 
 // A Call describes a call an Observer hears of.
@@ -49,13 +48,50 @@ type Call struct {
 	Kind string
 	// Name is the lock's name (a MultiLock's names joined by commas).
 	Name string
-	// Start is when the call started.
+	// Start is when the call started (time.Now, with its monotonic reading:
+	// time.Since(Start) in CallDone is how long the call took, for a Lock how long it waited).
 	Start time.Time
+}
+
+// CallResult is what a call returned.
+type CallResult struct {
+	// Lease is the lease the call returned (a lock call) or acted on (Unlock); nil if none.
+	Lease *Lease
+	// Err is the call's error, nil on success: match it with errors.Is (ErrNotObtained,
+	// ErrUnavailable, ErrNotHeld, ...), or name it with Outcome.
+	Err error
+}
+
+// LeaseEnd tells how a lease ended.
+type LeaseEnd struct {
+	Lease *Lease
+	// Held is how long the lease was held: from the lock call's return to its end.
+	Held time.Duration
+	// Err is nil when an Unlock ended the lease (even one whose release Redis has not
+	// confirmed yet: its CallDone has that error), an error matching ErrLeaseLost when it was
+	// lost, ErrClosed when Client.Close ended it.
+	Err error
+}
+
+// A Renewal is one watchdog renewal of a Redis hold.
+type Renewal struct {
+	// Lock is the lock's name.
+	Lock string
+	// Server is the address of the Redis the renewal went to, when the Client knows it (a
+	// client of one server, a Redlock's master); "" otherwise (a Cluster, a Sentinel group).
+	Server string
+	// Latency is how long Redis took to answer the renewal's round trip.
+	Latency time.Duration
+	// Err is nil when the renewal counts; otherwise why not: a Redis error (matching
+	// ErrUnavailable when there was no answer), ErrNotReplicated under WithReplicaAck when
+	// the replicas did not acknowledge it, or an error matching ErrLeaseLost when Redis
+	// refused it because the hold was gone (the lease then ends as lost).
+	Err error
 }
 
 // WithObserver makes the Client tell o what its locks do (see Observer). It is a Client
 // option: given to a handle it has no effect. Under NewRedlock it is told of the Redlock's
-// leases, and Renewed of each master's renewals.
+// lock calls and leases, and of each master's renewals.
 func WithObserver(o Observer) Option { return func(c *config) { c.observer = &o } }
 
 // callKind names the primitive and method of a lock call taking a with wait.
@@ -81,12 +117,8 @@ func callKind(a access, multi, wait bool) (kind, method string) {
 // observeStart tells the Client's observer that call starts and returns the context the call
 // runs with.
 func (c *Client) observeStart(ctx context.Context, call *Call) context.Context {
-	o := c.obs
-	if o == nil {
-		return ctx
-	}
-	call.Start = c.now()
-	if o.CallStart != nil {
+	call.Start = time.Now()
+	if o := c.obs; o.CallStart != nil {
 		if octx := o.CallStart(ctx, *call); octx != nil {
 			return octx
 		}
@@ -96,27 +128,42 @@ func (c *Client) observeStart(ctx context.Context, call *Call) context.Context {
 
 // observeDone tells the Client's observer that call returned.
 func (c *Client) observeDone(ctx context.Context, call Call, l *Lease, err error) {
-	if o := c.obs; o != nil && o.CallDone != nil {
-		o.CallDone(ctx, call, l, err)
+	if o := c.obs; o.CallDone != nil {
+		o.CallDone(ctx, call, CallResult{Lease: l, Err: err})
 	}
 }
 
-// observeEnd tells the Client's observer that lease l ended with err, and its logger when the
-// lease was lost (work it protected may have overlapped another holder's).
+// observeEnd tells the Client's observer that lease l ended with err.
 func (l *Lease) observeEnd(err error) {
-	c := l.ref.c
-	if errors.Is(err, ErrLeaseLost) {
-		c.log.Warn("dlock: lease lost", "lock", l.ref.name, "token", l.token, "err", err)
-	}
-	if o := c.obs; o != nil && o.LeaseEnded != nil {
-		o.LeaseEnded(l, c.since(l.start), err)
+	if o := l.ref.c.obs; o != nil && o.LeaseEnded != nil {
+		o.LeaseEnded(LeaseEnd{Lease: l, Held: time.Since(l.start), Err: err})
 	}
 }
 
-// observeRenewal tells the Client's observer how a renewal of h, sent at sent, ended.
-func (c *Client) observeRenewal(h *hold, sent time.Time, err error) {
-	if o := c.obs; o != nil && o.Renewed != nil {
-		o.Renewed(h.name, c.since(sent), err)
+// observesRenewals reports whether the Client's observer hears renewals (the renewer builds
+// their errors only then).
+func (c *Client) observesRenewals() bool { return c.obs != nil && c.obs.Renewed != nil }
+
+// observeRenewal tells the Client's observer how a renewal of h that took latency ended.
+func (c *Client) observeRenewal(h *hold, latency time.Duration, err error) {
+	c.obs.Renewed(Renewal{Lock: h.name, Server: c.serverAddr(), Latency: latency, Err: err})
+}
+
+// serverAddr is the address of the one Redis server the Client talks to, "" for a Cluster or
+// a Sentinel group.
+func (c *Client) serverAddr() string {
+	if r, ok := c.rdb.(*redis.Client); ok && r.Options().Addr != "FailoverClient" {
+		return r.Options().Addr
+	}
+	return ""
+}
+
+// logLost warns the Client's logger of a lost lease of lock name with token, once per Redis
+// hold lost (not per lease sharing it), unless it was a fixed lease running out (its
+// documented end, not a fault).
+func (c *Client) logLost(name string, token uint64, err error) {
+	if errors.Is(err, ErrLeaseLost) && !errors.Is(err, errFixedLeaseOver) {
+		c.log.Warn("dlock: lease lost", "lock", name, "token", token, "err", err)
 	}
 }
 

@@ -109,10 +109,10 @@ func WithoutCohort() Option { return func(c *config) { c.noCohort = true } }
 func WithClock(now func() time.Time) Option { return func(c *config) { c.clock = now } }
 
 // WithLogger makes the Client report what it cannot fix itself to logger: a lease lost (a
-// warning per lease), a missing permission that switches a feature off, a maxmemory-policy
-// that may evict locks, a notification connection that keeps failing. Each condition but a
-// lost lease is logged once when it starts (and once when it ends); nothing is logged per
-// call. The default discards them. It is a Client option: given to Client.Mutex it has no
+// warning per Redis hold lost, however many leases shared it; a fixed lease running out is not
+// a loss), a missing permission that switches a feature off, a maxmemory-policy that may evict
+// locks, a notification connection that keeps failing. Each condition but a lost lease is
+// logged once when it starts (and once when it ends); nothing is logged per call. The default discards them. It is a Client option: given to Client.Mutex it has no
 // effect. For metrics and traces see WithObserver.
 func WithLogger(logger *slog.Logger) Option { return func(c *config) { c.logger = logger } }
 

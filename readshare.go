@@ -487,7 +487,8 @@ func (sh *readShare) holdEnded(err error) {
 	readers := slices.Collect(maps.Keys(sh.readers))
 	clear(sh.readers)
 	sh.mu.Unlock()
+	told := false
 	for _, hd := range readers {
-		hd.end(err)
+		told = hd.end(err, !told) || told // warned once for the hold, not per reader
 	}
 }

@@ -184,7 +184,9 @@ func TestRedlockStandsOnAQuorum(t *testing.T) {
 	if !errors.Is(l.Err(), dlock.ErrLeaseLost) {
 		t.Fatalf("lease after losing the quorum: %v, want ErrLeaseLost", l.Err())
 	}
-	if _, err := set.c.Mutex(name).TryLock(ctx); !errors.Is(err, dlock.ErrUnavailable) {
+	// Another owner (a handle of its own: the Client's cohort answers ErrNotObtained until
+	// its lost hold is out of its table, a moment after Done).
+	if _, err := set.c.Mutex(name, dlock.WithoutCohort()).TryLock(ctx); !errors.Is(err, dlock.ErrUnavailable) {
 		t.Fatalf("TryLock with 2 of 5 masters up: %v, want ErrUnavailable", err)
 	}
 }

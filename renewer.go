@@ -192,7 +192,11 @@ func (r *renewer) renewBatch(ctx context.Context, due []*hold) {
 	if ack.on() {
 		node, err := r.c.ackNode(ctx, due[0].keys.lock)
 		if err != nil {
+			observe := r.c.observesRenewals() && r.c.checkOpen() == nil
 			for i, l := range due {
+				if observe {
+					r.c.observeRenewal(l, 0, redisErr("renew", l.name, err))
+				}
 				r.requeue(l, r.c.now().Add(retries[i]), time.Time{}, 0)
 			}
 			return
@@ -208,7 +212,11 @@ func (r *renewer) renewBatch(ctx context.Context, due []*hold) {
 	if ack.on() {
 		wait = ack.send(ctx, pipe, due[0].keys.lock)
 	}
+	began := time.Now()
 	_, _ = pipe.Exec(ctx)
+	rtt := time.Since(began)
+	// Renewals cut short by Close are not news.
+	observe := r.c.observesRenewals() && r.c.checkOpen() == nil
 
 	cached := false
 	for i, l := range due {
@@ -231,14 +239,18 @@ func (r *renewer) renewBatch(ctx context.Context, due []*hold) {
 				// Renewed in Redis but not acknowledged: it does not count. The lease keeps
 				// its deadline, and the next try comes soon (a renewal that is acknowledged
 				// counts from when it was sent).
-				r.c.observeRenewal(l, sent, join(fmt.Errorf("%w: lock %q: renewal acknowledged by %d of %d replicas", ErrNotReplicated, l.name, rep.replicas, a.n), rep.err))
+				if observe {
+					r.c.observeRenewal(l, rtt, join(fmt.Errorf("%w: lock %q: renewal acknowledged by %d of %d replicas", ErrNotReplicated, l.name, rep.replicas, a.n), rep.err))
+				}
 				r.requeue(l, r.c.now().Add(retries[i]), time.Time{}, 0)
 				continue
 			}
 		}
 		switch {
 		case err != nil:
-			r.c.observeRenewal(l, sent, redisErr("renew", l.name, err))
+			if observe {
+				r.c.observeRenewal(l, rtt, redisErr("renew", l.name, err))
+			}
 			if classify(err) == replyUnavailable {
 				// A dead Cluster master answers nothing, not MOVED: ask the client to look for
 				// the slot's new master, or renewals would go to the dead node until the deadline.
@@ -246,10 +258,15 @@ func (r *renewer) renewBatch(ctx context.Context, due []*hold) {
 			}
 			r.requeue(l, r.c.now().Add(retries[i]), time.Time{}, 0)
 		case n == 0:
-			r.c.observeRenewal(l, sent, leaseLost(l.name, errRenewRefused))
-			l.lose(errRenewRefused)
+			// Unless the hold was released meanwhile (an Unlock overtook the renewal): then the
+			// refusal is no loss, and not news.
+			if l.lose(errRenewRefused) && observe {
+				r.c.observeRenewal(l, rtt, leaseLost(l.name, errRenewRefused))
+			}
 		default:
-			r.c.observeRenewal(l, sent, nil)
+			if observe {
+				r.c.observeRenewal(l, rtt, nil)
+			}
 			r.requeue(l, sent.Add(renewPeriod(ttls[i])), sent, ttls[i])
 		}
 	}

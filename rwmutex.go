@@ -106,11 +106,8 @@ func (rw *RWMutex) TryLock(ctx context.Context) (*Lease, error) {
 }
 
 func (rw *RWMutex) lock(ctx context.Context, a access, wait bool) (*Lease, error) {
-	if rw.err != nil {
-		return nil, rw.err
-	}
 	ref := lockRef{rw.c, rw.name, rw.keys.lock}
-	return rw.c.lockWith(ctx, ref, a, wait, func(ctx context.Context) (*Lease, error) {
+	return rw.c.lockWith(ctx, ref, a, wait, rw.err, func(ctx context.Context) (*Lease, error) {
 		if a == accessRead && rw.share != "" {
 			return rw.c.sharedRead(ctx, rw, ref, wait)
 		}

@@ -109,14 +109,12 @@ func (s *Semaphore) TryAcquire(ctx context.Context, n int) (*Lease, error) {
 }
 
 func (s *Semaphore) acquire(ctx context.Context, n int, wait bool) (*Lease, error) {
-	if s.err != nil {
-		return nil, s.err
-	}
-	if n < 1 || n > s.permits {
-		return nil, fmt.Errorf("%w: semaphore %q: cannot take %d permits of %d", ErrInvalid, s.name, n, s.permits)
+	bad := s.err
+	if bad == nil && (n < 1 || n > s.permits) {
+		bad = fmt.Errorf("%w: semaphore %q: cannot take %d permits of %d", ErrInvalid, s.name, n, s.permits)
 	}
 	ref := lockRef{c: s.c, name: s.name} // no lock key: never re-entered
-	return s.c.lockWith(ctx, ref, accessPermits, wait, func(ctx context.Context) (*Lease, error) {
+	return s.c.lockWith(ctx, ref, accessPermits, wait, bad, func(ctx context.Context) (*Lease, error) {
 		if s.cohort != "" {
 			key := s.cohort + ":" + strconv.Itoa(n)
 			return s.c.cohortLock(ctx, key, func() *cohort { return s.newCohort(key, n) }, ref, wait)

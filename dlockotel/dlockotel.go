@@ -93,7 +93,8 @@ func New(opts ...Option) (dlock.Observer, error) {
 				trace.WithAttributes(attribute.String("dlock.lock.name", call.Name), attribute.String("dlock.lock.kind", call.Kind)))
 			return ctx
 		},
-		CallDone: func(ctx context.Context, call dlock.Call, l *dlock.Lease, err error) {
+		CallDone: func(ctx context.Context, call dlock.Call, res dlock.CallResult) {
+			l, err := res.Lease, res.Err
 			outcome := dlock.Outcome(err)
 			attrs := metric.WithAttributes(attribute.String("dlock.lock.kind", call.Kind),
 				attribute.String("dlock.method", call.Method), attribute.String("dlock.outcome", outcome))
@@ -112,14 +113,15 @@ func New(opts ...Option) (dlock.Observer, error) {
 			}
 			span.End()
 		},
-		LeaseEnded: func(_ *dlock.Lease, d time.Duration, err error) {
+		LeaseEnded: func(e dlock.LeaseEnd) {
 			end := "unlocked"
-			if err != nil {
-				end = dlock.Outcome(err) // lost, closed
+			if e.Err != nil {
+				end = dlock.Outcome(e.Err) // lost, closed
 			}
-			held.Record(context.Background(), d.Seconds(), metric.WithAttributes(attribute.String("dlock.lease.end", end)))
+			held.Record(context.Background(), e.Held.Seconds(), metric.WithAttributes(attribute.String("dlock.lease.end", end)))
 		},
-		Renewed: func(_ string, latency time.Duration, err error) {
+		Renewed: func(r dlock.Renewal) {
+			latency, err := r.Latency, r.Err
 			outcome := dlock.Outcome(err) // ok, lost (refused), not_replicated, unavailable, error
 			renewals.Add(context.Background(), 1, metric.WithAttributes(attribute.String("dlock.outcome", outcome)))
 			if err == nil {

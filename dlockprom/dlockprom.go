@@ -93,30 +93,30 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 // counts and observes, so it never holds up a lock call.
 func (m *Metrics) Observer() dlock.Observer {
 	return dlock.Observer{
-		CallDone: func(_ context.Context, call dlock.Call, l *dlock.Lease, err error) {
-			outcome := dlock.Outcome(err)
+		CallDone: func(_ context.Context, call dlock.Call, res dlock.CallResult) {
+			outcome := dlock.Outcome(res.Err)
 			m.calls.WithLabelValues(call.Kind, call.Method, outcome).Inc()
 			if call.Method == "Unlock" {
 				return
 			}
 			m.wait.WithLabelValues(call.Kind, call.Method, outcome).Observe(time.Since(call.Start).Seconds())
-			if err == nil && l != nil {
+			if res.Err == nil && res.Lease != nil {
 				m.acquired.WithLabelValues(call.Kind).Inc()
 			}
 		},
-		LeaseEnded: func(_ *dlock.Lease, held time.Duration, err error) {
+		LeaseEnded: func(e dlock.LeaseEnd) {
 			end := "unlocked"
-			if err != nil {
-				end = dlock.Outcome(err) // lost, closed
+			if e.Err != nil {
+				end = dlock.Outcome(e.Err) // lost, closed
 			}
 			m.ended.WithLabelValues(end).Inc()
-			m.held.WithLabelValues(end).Observe(held.Seconds())
+			m.held.WithLabelValues(end).Observe(e.Held.Seconds())
 		},
-		Renewed: func(_ string, latency time.Duration, err error) {
-			outcome := dlock.Outcome(err) // ok, lost (refused), not_replicated, unavailable, error
+		Renewed: func(r dlock.Renewal) {
+			outcome := dlock.Outcome(r.Err) // ok, lost (refused), not_replicated, unavailable, error
 			m.renewals.WithLabelValues(outcome).Inc()
-			if err == nil {
-				m.renewDur.Observe(latency.Seconds())
+			if r.Err == nil {
+				m.renewDur.Observe(r.Latency.Seconds())
 			}
 		},
 	}
