@@ -5,6 +5,9 @@ import (
 	"time"
 )
 
+// FixedLeaseOver is the loss of a fixed lease that ran out its TTL.
+func FixedLeaseOver() error { return leaseLost("x", errFixedLeaseOver) }
+
 // Tracked exposes, to tests only, the moment a lease's key is tracked for push loss detection.
 func Tracked(l *Lease) <-chan struct{} { return l.hd.h.tracked }
 

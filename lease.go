@@ -216,7 +216,7 @@ func (hd *holding) end(err error, warn bool) bool {
 	hd.mu.Unlock()
 	ended := !was && len(leases) > 0
 	if ended && warn {
-		hd.h.c.logLost(hd.h.name, hd.token, err)
+		hd.h.c.logLost(leases[0].ref.name, hd.token, err)
 	}
 	for _, l := range leases {
 		l.finish(err, false)
@@ -604,6 +604,11 @@ func (l *Lease) finish(err error, unlocked bool) {
 	l.err = err
 	cancel, unseen := l.cancel, l.unseen
 	l.mu.Unlock()
+	if unlocked && err != nil {
+		// Unlock found the hold gone (the loss was not told before): the work under the lease
+		// may have overlapped another holder's. Only the last lease of a holding gets here.
+		l.ref.c.logLost(l.ref.name, l.token, err)
+	}
 	close(l.done)
 	if cancel != nil {
 		cancel(err)

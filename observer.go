@@ -19,7 +19,8 @@ import (
 // must not block: a slow LeaseEnded delays the next holder's hand-off, a slow Renewed every
 // lease's renewal. They may run concurrently with one another, and events of different leases
 // may arrive in either order (the next holder's CallDone may come before the last holder's
-// LeaseEnded); the events of one call, and of one lease, come in order. They must not wait for
+// LeaseEnded), and a lease that ended before its call returned (lost at once) may be reported
+// ended before its CallDone. They must not wait for
 // a lock of the same Client (the work they hold up may be what would free it).
 type Observer struct {
 	// CallStart is called when a call of the API starts: Lock, TryLock, RLock, TryRLock,
@@ -170,7 +171,8 @@ func (c *Client) logLost(name string, token uint64, err error) {
 // Outcome names the outcome of a call, a lease's end or a renewal by its error, for metrics
 // and traces (the adapters label with it): "ok" (nil), "not_obtained" (taken by another owner,
 // or the caller's context ended first), "not_held" (Unlock or Extend of a lease that had
-// ended), "lost" (a lease lost, a renewal Redis refused), "not_replicated" (the replicas did
+// ended), "expired" (a WithFixedLease lease that ran out its TTL, as it should), "lost" (a
+// lease lost, a renewal Redis refused), "not_replicated" (the replicas did
 // not acknowledge in time), "closed", "invalid" (a bad argument or setting, or a server dlock
 // cannot use), "unavailable" (Redis gave no definite answer) or "error" (anything else, such
 // as a refused permission).
@@ -182,6 +184,8 @@ func Outcome(err error) string {
 		return "not_obtained"
 	case errors.Is(err, ErrNotHeld):
 		return "not_held"
+	case errors.Is(err, errFixedLeaseOver):
+		return "expired"
 	case errors.Is(err, ErrLeaseLost):
 		return "lost"
 	case errors.Is(err, ErrNotReplicated):

@@ -226,6 +226,7 @@ func TestOutcome(t *testing.T) {
 		{fmt.Errorf("%w: %w", dlock.ErrNotObtained, dlock.ErrUnavailable), "not_obtained"},
 		{fmt.Errorf("%w: %w", dlock.ErrNotHeld, dlock.ErrLeaseLost), "not_held"},
 		{fmt.Errorf("%w: renewal refused", dlock.ErrLeaseLost), "lost"},
+		{dlock.FixedLeaseOver(), "expired"},
 		{fmt.Errorf("%w: 0 of 1", dlock.ErrNotReplicated), "not_replicated"},
 		{fmt.Errorf("%w: lock", dlock.ErrClosed), "closed"},
 		{fmt.Errorf("%w: bad TTL", dlock.ErrInvalid), "invalid"},

@@ -287,9 +287,9 @@ func TestRedlockCohortFaultyFirstMasterAfterContention(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := l2.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	// Master 0 cannot write: its release fails (OOM), which Unlock reports when l2 held only a
+	// quorum; the point is the waiter's lease.
+	_ = l2.Unlock(ctx)
 	select {
 	case l3 := <-l3c:
 		if l3 == nil {

@@ -17,7 +17,7 @@
 //
 //	dlock.lock.wait         histogram, s: how long lock calls took, by dlock.lock.kind, dlock.method, dlock.outcome
 //	dlock.calls             counter: lock calls and Unlocks, by the same attributes
-//	dlock.lease.held        histogram, s: how long leases were held, by dlock.lease.end (unlocked, lost, closed)
+//	dlock.lease.held        histogram, s: how long leases were held, by dlock.lease.end (unlocked, lost, expired, closed)
 //	dlock.renewals          counter: watchdog renewals, by dlock.outcome
 //	dlock.renewal.duration  histogram, s: how long Redis took to answer a renewal
 //
@@ -116,7 +116,7 @@ func New(opts ...Option) (dlock.Observer, error) {
 		LeaseEnded: func(e dlock.LeaseEnd) {
 			end := "unlocked"
 			if e.Err != nil {
-				end = dlock.Outcome(e.Err) // lost, closed
+				end = dlock.Outcome(e.Err) // lost, expired, closed
 			}
 			held.Record(context.Background(), e.Held.Seconds(), metric.WithAttributes(attribute.String("dlock.lease.end", end)))
 		},

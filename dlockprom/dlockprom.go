@@ -16,7 +16,7 @@
 //	calls_total{kind,method,outcome}             lock calls and Unlocks, by outcome
 //	lock_wait_seconds{kind,method,outcome}       how long lock calls took (histogram)
 //	leases_acquired_total{kind}                  leases handed out by lock calls
-//	leases_ended_total{end}                      leases ended: unlocked, lost, closed
+//	leases_ended_total{end}                      leases ended: unlocked, lost, expired (a fixed lease's TTL), closed
 //	lease_held_seconds{end}                      how long leases were held (histogram)
 //	renewals_total{outcome}                      watchdog renewals: ok, lost (refused), not_replicated, unavailable, error
 //	renewal_duration_seconds                     how long Redis took to answer a renewal (histogram)
@@ -107,7 +107,7 @@ func (m *Metrics) Observer() dlock.Observer {
 		LeaseEnded: func(e dlock.LeaseEnd) {
 			end := "unlocked"
 			if e.Err != nil {
-				end = dlock.Outcome(e.Err) // lost, closed
+				end = dlock.Outcome(e.Err) // lost, expired, closed
 			}
 			m.ended.WithLabelValues(end).Inc()
 			m.held.WithLabelValues(end).Observe(e.Held.Seconds())

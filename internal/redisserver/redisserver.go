@@ -207,7 +207,7 @@ func (s *Server) start(ready readiness) error {
 	if len(s.env) > 0 {
 		cmd.Env = append(os.Environ(), s.env...)
 	}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	dieWithParent(cmd)
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("redisserver: start redis-server: %w", err)
 	}
