@@ -281,3 +281,73 @@ func ExampleWithObserver() {
 	// held for a while: true
 	// 1 1 1
 }
+
+// A Client is made once per process over the go-redis client the program already has, and
+// closed at shutdown (which releases what is still held).
+func ExampleNew() {
+	ctx := context.Background()
+	opt, _ := redis.ParseURL(os.Getenv("REDIS_URL"))
+	rdb := redis.NewClient(opt)
+	defer rdb.Close()
+	c := dlock.New(rdb, dlock.WithTTL(10*time.Second)) // options here are every handle's defaults
+	defer c.Close(ctx)
+
+	l, err := c.Mutex("example:new").TryLock(ctx)
+	fmt.Println("locked:", err == nil, "TTL:", l.TTL())
+	_ = l.Unlock(ctx)
+	// Output:
+	// locked: true TTL: 10s
+}
+
+// TryLock makes one attempt: a lock another owner holds is ErrNotObtained at once.
+func ExampleMutex_TryLock() {
+	ctx := context.Background()
+	opt, _ := redis.ParseURL(os.Getenv("REDIS_URL"))
+	rdb := redis.NewClient(opt)
+	defer rdb.Close()
+	c := dlock.New(rdb)
+	defer c.Close(ctx)
+
+	job := c.Mutex("example:nightly-cleanup")
+	first, _ := job.TryLock(ctx)
+	_, err := job.TryLock(ctx) // another goroutine, or another process
+	fmt.Println("second attempt:", errors.Is(err, dlock.ErrNotObtained))
+	_ = first.Unlock(ctx)
+	// Output:
+	// second attempt: true
+}
+
+// Inspect tells who holds a lock, with which token, and how many wait (what `dlock status`
+// shows).
+func ExampleClient_Inspect() {
+	ctx := context.Background()
+	opt, _ := redis.ParseURL(os.Getenv("REDIS_URL"))
+	rdb := redis.NewClient(opt)
+	defer rdb.Close()
+	c := dlock.New(rdb)
+	defer c.Close(ctx)
+
+	l, _ := c.Mutex("example:inspected", dlock.WithOwner("worker-7")).Lock(ctx)
+	info, err := c.Inspect(ctx, "example:inspected")
+	fmt.Println(err, info.Held, info.Owner, info.Token == l.Token(), info.Waiters)
+	_ = l.Unlock(ctx)
+	// Output:
+	// <nil> true worker-7 true 0
+}
+
+// Options set defaults on the Client and override them per handle.
+func ExampleOption() {
+	ctx := context.Background()
+	opt, _ := redis.ParseURL(os.Getenv("REDIS_URL"))
+	rdb := redis.NewClient(opt)
+	defer rdb.Close()
+	c := dlock.New(rdb, dlock.WithTTL(20*time.Second))
+	defer c.Close(ctx)
+
+	short := c.Mutex("example:option", dlock.WithTTL(2*time.Second), dlock.WithFixedLease()) // not renewed
+	l, _ := short.Lock(ctx)
+	fmt.Println("TTL:", l.TTL())
+	_ = l.Unlock(ctx)
+	// Output:
+	// TTL: 2s
+}
