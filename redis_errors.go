@@ -86,7 +86,7 @@ func redisErr(op, name string, err error) error {
 		return fmt.Errorf("dlock: %s %q: %w (the go-redis client): %w", op, name, ErrClosed, err)
 	case replyIncompatible:
 		if isOldServer(err.Error()) {
-			return fmt.Errorf("dlock: %s %q: %w: dlock needs Redis 7.0 or later: %w", op, name, ErrIncompatible, err)
+			return fmt.Errorf("dlock: %s %q: %w: dlock needs Redis 7.0 or later (an emulator such as miniredis cannot run its scripts; for tests, dlocktest starts a real redis-server): %w", op, name, ErrIncompatible, err)
 		}
 		return fmt.Errorf("dlock: %s %q: %w: %w", op, name, ErrIncompatible, err)
 	case replyMisuse:
