@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -147,13 +148,83 @@ func TestPrometheusServerScrapesTheMetrics(t *testing.T) {
 	for {
 		v, err := queryValue(addr, query)
 		if err == nil && v == "1" {
-			return
+			break
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("query %s: %q, %v (want 1)", query, v, err)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+
+	// Every query of the dashboard (dashboard/dlock.json) is valid PromQL over these series:
+	// the server accepts it, and the lock-call panel has data.
+	exprs := dashboardExprs(t)
+	if len(exprs) < 6 {
+		t.Fatalf("%d queries in the dashboard", len(exprs))
+	}
+	for _, e := range exprs {
+		e = strings.ReplaceAll(e, "$job", "dlock")
+		// A rate needs two scrapes in its window: the lock-call panel may take a second more.
+		for {
+			n, err := querySeries(addr, e)
+			if err != nil {
+				t.Errorf("dashboard query %s: %v", e, err)
+			}
+			if err != nil || n > 0 || !strings.Contains(e, "rate(dlock_calls_total") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Errorf("dashboard query %s: no series", e)
+				break
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+}
+
+// dashboardExprs returns the expr of every target of every panel of the dashboard.
+func dashboardExprs(t *testing.T) []string {
+	t.Helper()
+	b, err := os.ReadFile("dashboard/dlock.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d struct {
+		Panels []struct {
+			Targets []struct{ Expr string }
+		}
+	}
+	if err := json.Unmarshal(b, &d); err != nil {
+		t.Fatal(err)
+	}
+	var exprs []string
+	for _, p := range d.Panels {
+		for _, tg := range p.Targets {
+			exprs = append(exprs, tg.Expr)
+		}
+	}
+	return exprs
+}
+
+// querySeries runs an instant query and returns how many series it answered, or the server's
+// error.
+func querySeries(addr, query string) (int, error) {
+	resp, err := http.Get("http://" + addr + "/api/v1/query?query=" + url.QueryEscape(query))
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	var body struct {
+		Status, Error string
+		Data          struct{ Result []json.RawMessage }
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+		return 0, err
+	}
+	if body.Status != "success" {
+		return 0, fmt.Errorf("%s: %s", body.Status, body.Error)
+	}
+	return len(body.Data.Result), nil
 }
 
 // freeAddr returns a loopback address with a port nobody listens on.
