@@ -2,112 +2,124 @@ package main
 
 import (
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"runtime/debug"
+	"strings"
 	"time"
+
+	"github.com/dlock-go/dlock"
+	"github.com/spf13/cobra"
 )
 
-// Exit codes.
-const (
-	exitOK       = 0
-	exitError    = 1
-	exitUsage    = 2
-	exitConflict = 75 // default for `run` when the lock is not obtained (EX_TEMPFAIL)
-	exitLost     = 76 // `run`: the lease was lost and the command was stopped
-)
+const rootHelp = `dlock takes Redis distributed locks from the shell: it runs a command while it holds a
+lock (as flock(1) does on one machine), shows and breaks locks, counts down latches, and
+replays the scenarios that show why locks are needed.
 
-const usage = `dlock: distributed locks on Redis
+Every command that talks to Redis takes --redis URL: redis://, rediss://, unix://,
+redis+cluster:// or redis+sentinel:// (default $REDIS_URL); repeated 3 times or more, a
+Redlock over independent masters (locks only). The demo starts a throwaway redis-server when
+neither is set.`
 
-Usage:
-  dlock run [flags] NAME -- COMMAND [ARGS...]   run a command while holding the lock NAME
-                                                 (--read/--write: a read-write lock; --permits N:
-                                                 one of N permits; several --lock: all of them)
-  dlock status [flags] NAME                      show a lock: held or free, owner, TTL, token, waiters
-  dlock list [flags] [PATTERN]                   list the locks under the prefix (glob PATTERN)
-  dlock release --force [flags] NAME             break a lock; its holder stops, waiters go on
-  dlock latch [flags] set|down|wait|status NAME [N]  a count-down latch for start-up ordering
-  dlock demo [tickets|seckill|cron|counter|all]  replay the seed scenarios without and with a lock
-  dlock version                                  print the version
-  dlock help [COMMAND]                           this text, or a command's flags
-
-Every command that talks to Redis takes:
-  --redis URL     redis://, rediss://, unix://, redis+cluster://, redis+sentinel:// (default
-                  $REDIS_URL; the demo starts a throwaway redis-server when neither is set);
-                  repeated 3 times or more: a Redlock over independent masters (locks only)
-  --prefix P      key prefix of the locks (default "dlock:")
-
-Run 'dlock COMMAND -h' for a command's flags.
-`
-
-// run is the whole CLI: it parses args, writes results to stdout and diagnostics to stderr
-// (as "dlock: error: ..." and "dlock: hint: ..."), and returns the exit code.
+// run is the whole CLI: it parses args, writes results and requested help to stdout and
+// diagnostics to stderr (as "dlock: error: ..." and "dlock: hint: ..."), and returns the exit
+// code (see exitCodes).
 func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == workerCommand {
+		return report(runWorker(args[1:]), stderr, defaultCodes)
+	}
+	root := newRoot(stdout, stderr)
 	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
-		return exitUsage
+		root.SetOut(stderr) // not asked for: the usage goes with the error
+		_ = root.Usage()
+		return report(usageError{"no command given", "run 'dlock help' for the commands"}, stderr, defaultCodes)
 	}
-	cmd, rest := args[0], args[1:]
-	switch cmd {
-	case "help", "-h", "--help":
-		if len(rest) == 1 && rest[0] != "help" {
-			return run([]string{rest[0], "-h"}, stdout, stderr)
-		}
-		fmt.Fprint(stdout, usage)
-		return exitOK
-	case "version", "--version":
-		fmt.Fprintln(stdout, "dlock", version())
-		return exitOK
-	case "run":
-		return runCommand(rest, stdout, stderr)
-	case "status":
-		return report(statusCommand(rest, stdout, stderr), stderr)
-	case "list":
-		return report(listCommand(rest, stdout, stderr), stderr)
-	case "release":
-		return report(releaseCommand(rest, stdout, stderr), stderr)
-	case "latch":
-		return report(latchCommand(rest, stdout, stderr), stderr)
-	case "demo":
-		return report(runDemo(rest, stdout, stderr), stderr)
-	case workerCommand:
-		return report(runWorker(rest), stderr)
+	root.SetArgs(args)
+	cmd, err := root.ExecuteC()
+	return report(err, stderr, codesOf(cmd))
+}
+
+// newRoot builds the command tree. Each call builds a fresh one: flags hold their values.
+func newRoot(stdout, stderr io.Writer) *cobra.Command {
+	root := &cobra.Command{
+		Use:           "dlock",
+		Short:         "Redis distributed locks from the shell",
+		Long:          rootHelp,
+		Version:       version(),
+		SilenceErrors: true, // report prints every error once, with its hint and exit code
+		SilenceUsage:  true,
+		// Without Args, cobra would answer an unknown command itself, before report sees it.
+		Args: cobra.ArbitraryArgs,
+		RunE: func(c *cobra.Command, args []string) error {
+			msg := fmt.Sprintf("unknown command %q", args[0])
+			if s := c.SuggestionsFor(args[0]); len(s) > 0 {
+				msg += "; did you mean " + strings.Join(s, " or ") + "?"
+			}
+			return usageError{msg, "run 'dlock help' for the commands"}
+		},
 	}
-	return report(usageError{fmt.Sprintf("unknown command %q", cmd), "run 'dlock help' for the commands"}, stderr)
+	root.SuggestionsMinimumDistance = 2
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.SetVersionTemplate("dlock {{.Version}}\n")
+	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
+		return usageError{err.Error(), "run '" + c.CommandPath() + " -h' for its flags"}
+	})
+	root.AddCommand(runCmd(stdout, stderr), statusCmd(stdout), listCmd(stdout), releaseCmd(stdout),
+		latchCmd(stdout), demoCmd(stdout, stderr), versionCmd(stdout))
+	return root
+}
+
+func versionCmd(stdout io.Writer) *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print dlock's version, and the Go and go-redis it was built with",
+		Args:  noArgs,
+		Run: func(*cobra.Command, []string) {
+			fmt.Fprintln(stdout, "dlock", version(), buildDetails())
+		},
+	}
 }
 
 // commonFlags are the flags of every command that talks to Redis.
 type commonFlags struct {
-	redis  nameList // one URL, or a Redlock's masters
+	redis  []string // one URL, or a Redlock's masters
 	prefix string
 }
 
-func newFlagSet(name, synopsis string, stderr io.Writer) (*flag.FlagSet, *commonFlags) {
-	fs := flag.NewFlagSet("dlock "+name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	c := &commonFlags{}
-	fs.Var(&c.redis, "redis", "Redis URL (default $REDIS_URL); repeat it, 3 times or more, for a Redlock over independent masters")
-	fs.StringVar(&c.prefix, "prefix", "dlock:", "key prefix of the locks")
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: dlock %s\n\n", synopsis)
-		fs.PrintDefaults()
-	}
-	return fs, c
+func addCommon(c *cobra.Command) *commonFlags {
+	f := &commonFlags{}
+	c.Flags().StringArrayVar(&f.redis, "redis", nil, "Redis URL (default $REDIS_URL); repeat it, 3 times or more, for a Redlock over independent masters")
+	c.Flags().StringVar(&f.prefix, "prefix", "dlock:", "key prefix of the locks")
+	return f
 }
 
-// parse parses args, turning a flag error into a usageError (flag already printed it).
-func parse(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
+// noArgs, exactArgs and rangeArgs check a command's positional arguments, as usage errors.
+func noArgs(c *cobra.Command, args []string) error { return rangeArgs(0, 0, "")(c, args) }
+
+func exactArgs(n int, example string) cobra.PositionalArgs { return rangeArgs(n, n, example) }
+
+func rangeArgs(lo, hi int, example string) cobra.PositionalArgs {
+	return func(c *cobra.Command, args []string) error {
+		if len(args) >= lo && len(args) <= hi {
+			return nil
 		}
-		return usageError{err.Error(), "run '" + fs.Name() + " -h' for its flags"}
+		want := fmt.Sprintf("%d to %d arguments", lo, hi)
+		switch {
+		case hi == 0:
+			want = "no arguments"
+		case lo == hi:
+			want = fmt.Sprintf("exactly %d argument(s)", lo)
+		}
+		hint := "usage: " + c.UseLine()
+		if example != "" {
+			hint = "for example: " + example
+		}
+		return usageError{fmt.Sprintf("%s takes %s, got %d", c.CommandPath(), want, len(args)), hint}
 	}
-	return nil
 }
 
-// usageError is a mistake in the command line: exit code 2 and a hint.
+// usageError is a mistake in the command line: the usage exit code and a hint.
 type usageError struct{ msg, hint string }
 
 func (e usageError) Error() string { return e.msg }
@@ -121,34 +133,108 @@ type hinted struct {
 func (e hinted) Error() string { return e.err.Error() }
 func (e hinted) Unwrap() error { return e.err }
 
-func report(err error, stderr io.Writer) int {
-	if err == nil || errors.Is(err, flag.ErrHelp) {
+// exitErr is an error with its own exit code (a signal's, a latch wait's timeout).
+type exitErr struct {
+	code int
+	err  error
+}
+
+func (e exitErr) Error() string { return e.err.Error() }
+func (e exitErr) Unwrap() error { return e.err }
+
+// unreachable marks an error of reaching Redis, so it exits with the unavailable code as
+// dlock.ErrUnavailable does.
+type unreachable struct{ err error }
+
+func (e unreachable) Error() string        { return e.err.Error() }
+func (e unreachable) Unwrap() error        { return e.err }
+func (e unreachable) Is(target error) bool { return target == dlock.ErrUnavailable }
+
+// report prints err (nil: nothing) as one "dlock: error:" line and its hint, and returns the
+// exit code codes gives its kind.
+func report(err error, stderr io.Writer, codes exitCodes) int {
+	if err == nil {
 		return exitOK
 	}
-	fmt.Fprintf(stderr, "dlock: error: %v\n", err)
+	var silent quietErr
+	if !errors.As(err, &silent) {
+		fmt.Fprintf(stderr, "dlock: error: %v\n", err)
+	}
 	var ue usageError
 	if errors.As(err, &ue) {
 		if ue.hint != "" {
 			fmt.Fprintf(stderr, "dlock: hint: %s\n", ue.hint)
 		}
-		return exitUsage
+		return codes.usage
 	}
 	var h hinted
 	if errors.As(err, &h) && h.hint != "" {
 		fmt.Fprintf(stderr, "dlock: hint: %s\n", h.hint)
 	}
 	var ee exitErr
-	if errors.As(err, &ee) {
+	switch {
+	case errors.As(err, &ee):
 		return ee.code
+	case errors.Is(err, dlock.ErrNotObtained):
+		return codes.conflict
+	case errors.Is(err, dlock.ErrLeaseLost):
+		return codes.lost
+	case errors.Is(err, dlock.ErrUnavailable):
+		return codes.unavailable
 	}
-	return exitError
+	return codes.err
 }
 
+// quietErr is an error report prints no line for (run --quiet's conflict): its exit code
+// says it.
+type quietErr struct{ err error }
+
+func (e quietErr) Error() string { return e.err.Error() }
+func (e quietErr) Unwrap() error { return e.err }
+
+// version is the module version from the build info: the tag for `go install ...@vX`, a
+// pseudo-version stamped from the VCS for a build in a checkout.
 func version() string {
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
-		return bi.Main.Version
+	bi, ok := debug.ReadBuildInfo()
+	if !ok || bi.Main.Version == "" {
+		return "(devel)"
 	}
-	return "(devel)"
+	v := bi.Main.Version
+	if v == "(devel)" {
+		for _, s := range bi.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				v += " " + s.Value[:min(len(s.Value), 12)]
+			case "vcs.modified":
+				if s.Value == "true" {
+					v += "+dirty"
+				}
+			}
+		}
+	}
+	return v
+}
+
+// buildDetails names the Go release and the library versions in the binary.
+func buildDetails() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return ""
+	}
+	parts := []string{bi.GoVersion}
+	for _, d := range bi.Deps {
+		switch d.Path {
+		case "github.com/dlock-go/dlock":
+			if d.Replace != nil {
+				parts = append(parts, "library from "+d.Replace.Path)
+			} else {
+				parts = append(parts, "library "+d.Version)
+			}
+		case "github.com/redis/go-redis/v9":
+			parts = append(parts, "go-redis "+d.Version)
+		}
+	}
+	return "(" + strings.Join(parts, ", ") + ")"
 }
 
 // fmtTTL prints a remaining TTL for people.

@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"text/tabwriter"
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/spf13/cobra"
 )
 
 const adminTimeout = 10 * time.Second
@@ -27,25 +29,36 @@ func withAdmin(c *commonFlags, f func(ctx context.Context, dl *dlock.Client) err
 	return f(ctx, dl)
 }
 
-func statusCommand(args []string, stdout, stderr io.Writer) error {
-	fs, common := newFlagSet("status", "status [--redis URL] [--prefix P] [--json] NAME", stderr)
-	asJSON := fs.Bool("json", false, "print JSON")
-	if err := parse(fs, args); err != nil {
-		return err
+func statusCmd(stdout io.Writer) *cobra.Command {
+	var asJSON bool
+	c := &cobra.Command{
+		Use:   "status [flags] NAME",
+		Short: "Show a lock: held or free, owner, TTL, fencing token, waiters",
+		Long: `Show a lock's state in Redis: held or free, its owner, TTL, fencing token and waiters; a
+read-write lock's readers, a semaphore's permits, a latch's count; for a Redlock, each
+master's state. A free lock has no holder state in Redis: it was never taken, or was
+released; its name is forgotten a minute after its last use.`,
+		Example: "  dlock status orders:42\n  dlock status --json orders:42",
+		Args:    exactArgs(1, "dlock status orders:42"),
 	}
-	if fs.NArg() != 1 {
-		return usageError{"status takes exactly one lock NAME", "dlock status orders:42"}
-	}
+	common := addCommon(c)
+	c.ValidArgsFunction = completeLockNames(common)
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	c.RunE = func(_ *cobra.Command, args []string) error { return status(stdout, common, args[0], asJSON) }
+	return c
+}
+
+func status(stdout io.Writer, common *commonFlags, name string, asJSON bool) error {
 	var info dlock.LockInfo
 	err := withAdmin(common, func(ctx context.Context, dl *dlock.Client) (err error) {
-		info, err = dl.Inspect(ctx, fs.Arg(0))
+		info, err = dl.Inspect(ctx, name)
 		return err
 	})
 	if err != nil && len(info.Masters) == 0 {
 		return err
 	}
 	// A Redlock's masters are shown even when too few answered: that is what to look at then.
-	if *asJSON {
+	if asJSON {
 		return cmpOr(json.NewEncoder(stdout).Encode(info), err)
 	}
 	defer func() {
@@ -71,7 +84,7 @@ func statusCommand(args []string, stdout, stderr io.Writer) error {
 		}
 		fmt.Fprintf(tw, "state:\theld\nowner:\t%s\nhold count:\t%d\nttl:\t%s\ntoken:\t%d\n", info.Owner, info.HoldCount, fmtTTL(info.TTL), info.Token)
 	default:
-		fmt.Fprintf(tw, "state:\tfree (no state in Redis)\n")
+		fmt.Fprintf(tw, "state:\tfree (no holder in Redis: never taken, or released)\n")
 	}
 	fmt.Fprintf(tw, "waiters:\t%d\n", info.Waiters)
 	return cmpOr(tw.Flush(), err)
@@ -103,26 +116,44 @@ func cmpOr(a, b error) error {
 	return b
 }
 
-func listCommand(args []string, stdout, stderr io.Writer) error {
-	// Locks leave no state in Redis once free: list shows the held ones, those with waiters,
-	// and those used within the last minute (their op log), and says so in its help.
-	fs, common := newFlagSet("list", "list [--redis URL] [--prefix P] [--json] [PATTERN]\n\nLists the locks that have state in Redis: held, waited for, or used within the last minute.", stderr)
-	asJSON := fs.Bool("json", false, "print JSON, one object per line")
-	if err := parse(fs, args); err != nil {
-		return err
+func listCmd(stdout io.Writer) *cobra.Command {
+	var asJSON, held bool
+	c := &cobra.Command{
+		Use:   "list [flags] [PATTERN]",
+		Short: "List the locks under the prefix (glob PATTERN)",
+		// Locks leave no state in Redis once free: list can only show what has some.
+		Long: `List the locks that have state in Redis: held, waited for, or used within the last minute
+(their op log). --held lists only those held now: by an owner, by readers, with permits
+out, or a latch counting.`,
+		Example: "  dlock list 'orders:*'\n  dlock list --held --json",
+		Args:    rangeArgs(0, 1, "dlock list 'orders:*'"),
 	}
-	if fs.NArg() > 1 {
-		return usageError{"list takes at most one PATTERN", "dlock list 'orders:*'"}
+	common := addCommon(c)
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON, one object per line")
+	c.Flags().BoolVar(&held, "held", false, "only the locks held now")
+	c.RunE = func(_ *cobra.Command, args []string) error {
+		pattern := ""
+		if len(args) == 1 {
+			pattern = args[0]
+		}
+		return list(stdout, common, pattern, asJSON, held)
 	}
+	return c
+}
+
+func list(stdout io.Writer, common *commonFlags, pattern string, asJSON, held bool) error {
 	var locks []dlock.LockInfo
 	err := withAdmin(common, func(ctx context.Context, dl *dlock.Client) (err error) {
-		locks, err = dl.Locks(ctx, fs.Arg(0))
+		locks, err = dl.Locks(ctx, pattern)
 		return err
 	})
 	if err != nil {
 		return err
 	}
-	if *asJSON {
+	if held {
+		locks = slices.DeleteFunc(locks, func(l dlock.LockInfo) bool { return !l.Held })
+	}
+	if asJSON {
 		enc := json.NewEncoder(stdout)
 		for _, l := range locks {
 			if err := enc.Encode(l); err != nil {
@@ -154,30 +185,42 @@ func listCommand(args []string, stdout, stderr io.Writer) error {
 	return tw.Flush()
 }
 
-func releaseCommand(args []string, stdout, stderr io.Writer) error {
-	fs, common := newFlagSet("release", "release --force [--redis URL] [--prefix P] NAME", stderr)
-	force := fs.Bool("force", false, "break the lock whoever holds it (required)")
-	if err := parse(fs, args); err != nil {
-		return err
+func releaseCmd(stdout io.Writer) *cobra.Command {
+	var force bool
+	c := &cobra.Command{
+		Use:   "release --force [flags] NAME",
+		Short: "Break a lock: its holder stops, waiters go on",
+		Long: `Break a lock whoever holds it, for an operator: the holder's lease ends (a dlock run
+holding it stops its command) and the next waiter gets it. Holders release their own
+locks; this needs --force.`,
+		Example: "  dlock release --force orders:42",
+		Args:    exactArgs(1, "dlock release --force orders:42"),
 	}
-	if fs.NArg() != 1 {
-		return usageError{"release takes exactly one lock NAME", "dlock release --force orders:42"}
+	common := addCommon(c)
+	c.ValidArgsFunction = completeLockNames(common)
+	c.Flags().BoolVar(&force, "force", false, "break the lock whoever holds it (required)")
+	c.RunE = func(_ *cobra.Command, args []string) error {
+		if !force {
+			return usageError{"release breaks another owner's lock: say --force", "holders release their own locks; this is for operators"}
+		}
+		return release(stdout, common, args[0])
 	}
-	if !*force {
-		return usageError{"release breaks another owner's lock: say --force", "holders release their own locks; this is for operators"}
-	}
+	return c
+}
+
+func release(stdout io.Writer, common *commonFlags, name string) error {
 	var broke bool
 	err := withAdmin(common, func(ctx context.Context, dl *dlock.Client) (err error) {
-		broke, err = dl.ForceRelease(ctx, fs.Arg(0))
+		broke, err = dl.ForceRelease(ctx, name)
 		return err
 	})
 	if err != nil {
 		return err
 	}
 	if broke {
-		fmt.Fprintf(stdout, "released %s\n", fs.Arg(0))
+		fmt.Fprintf(stdout, "released %s\n", name)
 	} else {
-		fmt.Fprintf(stdout, "%s was not held\n", fs.Arg(0))
+		fmt.Fprintf(stdout, "%s was not held\n", name)
 	}
 	return nil
 }

@@ -9,35 +9,45 @@ import (
 	"os/signal"
 	"strconv"
 	"syscall"
+	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/spf13/cobra"
 )
 
-// latchCommand is `dlock latch set|down|wait|status NAME [N]`: a count-down latch for
+// latchCmd is `dlock latch set|down|wait|status NAME [N]`: a count-down latch for
 // shell-scripted start-up ordering (loaders count down, the service waits).
-func latchCommand(args []string, stdout, stderr io.Writer) error {
-	fs, common := newFlagSet("latch", "latch [flags] set NAME N | down NAME | wait NAME | status NAME\n\n"+
-		"set starts the latch NAME at N (exit 1 if it is counting already), down counts it down by one,\n"+
-		"wait returns once it reaches zero (at once if it has no state), status prints its count.", stderr)
-	ttl := fs.Duration("ttl", dlock.DefaultLatchTTL, "set, down: an abandoned latch disappears this long after its last set or down")
-	wait := fs.Duration("wait", 0, "wait: give up after this long (default: wait forever), exit 75")
-	if err := parse(fs, args); err != nil {
-		return err
+func latchCmd(stdout io.Writer) *cobra.Command {
+	var ttl, wait time.Duration
+	c := &cobra.Command{
+		Use:   "latch [flags] set NAME N | down NAME | wait NAME | status NAME",
+		Short: "A count-down latch for start-up ordering",
+		Long: `A count-down latch: set starts the latch NAME at N (exit 1 if it is counting already),
+down counts it down by one, wait returns once it reaches zero (at once if it has no state),
+status prints its count.`,
+		Example: "  dlock latch set warehouses-loaded 4\n  dlock latch down warehouses-loaded\n  dlock latch wait --wait 5m warehouses-loaded",
+		Args: func(_ *cobra.Command, args []string) error {
+			want := map[string]int{"set": 3, "down": 2, "wait": 2, "status": 2}
+			if len(args) == 0 || want[args[0]] != len(args) {
+				return usageError{"latch needs set NAME N, down NAME, wait NAME or status NAME", "dlock latch set warehouses-loaded 4"}
+			}
+			return nil
+		},
+		ValidArgs: []cobra.Completion{"set", "down", "wait", "status"},
 	}
-	op, rest := fs.Arg(0), fs.Args()
-	if len(rest) > 0 {
-		rest = rest[1:]
+	common := addCommon(c)
+	c.Flags().DurationVar(&ttl, "ttl", dlock.DefaultLatchTTL, "set, down: an abandoned latch disappears this long after its last set or down")
+	c.Flags().DurationVarP(&wait, "wait", "w", 0, "wait: give up after this long (default: wait forever), exit 75")
+	c.RunE = func(_ *cobra.Command, args []string) error {
+		if ttl <= 0 || wait < 0 {
+			return usageError{"--ttl must be positive and --wait not negative", ""}
+		}
+		return latch(stdout, common, args[0], args[1:], ttl, wait)
 	}
-	want := 1
-	if op == "set" {
-		want = 2
-	}
-	if (op != "set" && op != "down" && op != "wait" && op != "status") || len(rest) != want {
-		return usageError{"latch needs set NAME N, down NAME, wait NAME or status NAME", "dlock latch set warehouses-loaded 4"}
-	}
-	if *ttl <= 0 || *wait < 0 {
-		return usageError{"--ttl must be positive and --wait not negative", ""}
-	}
+	return c
+}
+
+func latch(stdout io.Writer, common *commonFlags, op string, rest []string, ttl, wait time.Duration) error {
 	name := rest[0]
 	conn, err := connect(common.redis, false)
 	if err != nil {
@@ -46,7 +56,7 @@ func latchCommand(args []string, stdout, stderr io.Writer) error {
 	defer conn.close()
 	dl := conn.client(dlock.WithKeyPrefix(common.prefix))
 	defer dl.Close(context.Background())
-	d := dl.Latch(name, dlock.WithTTL(*ttl))
+	d := dl.Latch(name, dlock.WithTTL(ttl))
 	ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
 	defer cancel()
 	switch op {
@@ -86,9 +96,9 @@ func latchCommand(args []string, stdout, stderr io.Writer) error {
 			}
 		}()
 		wctx := base
-		if *wait > 0 {
+		if wait > 0 {
 			var c context.CancelFunc
-			wctx, c = context.WithTimeout(wctx, *wait)
+			wctx, c = context.WithTimeout(wctx, wait)
 			defer c()
 		}
 		if err := d.Wait(wctx); err != nil {
@@ -101,7 +111,7 @@ func latchCommand(args []string, stdout, stderr io.Writer) error {
 			case errors.Is(err, dlock.ErrUnavailable):
 				return err // Redis was down: not a latch that stayed closed
 			case errors.Is(err, context.DeadlineExceeded):
-				return exitErr{exitConflict, fmt.Errorf("latch %q not open after %v", name, *wait)}
+				return exitErr{exitConflict, fmt.Errorf("latch %q not open after %v", name, wait)}
 			}
 			return err
 		}
@@ -109,15 +119,6 @@ func latchCommand(args []string, stdout, stderr io.Writer) error {
 	}
 	return nil
 }
-
-// exitErr is an error with its own exit code.
-type exitErr struct {
-	code int
-	err  error
-}
-
-func (e exitErr) Error() string { return e.err.Error() }
-func (e exitErr) Unwrap() error { return e.err }
 
 // printCount prints the latch's count, or that it is open.
 func printCount(ctx context.Context, stdout io.Writer, d *dlock.Latch) error {

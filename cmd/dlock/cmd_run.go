@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -16,97 +17,183 @@ import (
 	"unsafe"
 
 	"github.com/dlock-go/dlock"
+	"github.com/spf13/cobra"
 )
 
-// runCommand is `dlock run`: take the lock, run the command while renewing it, release it,
-// and exit with the command's code. If the lease is lost the command gets SIGTERM, then
-// SIGKILL after --grace, and dlock exits with exitLost.
-func runCommand(args []string, stdout, stderr io.Writer) int {
-	fs, common := newFlagSet("run", "run [flags] NAME -- COMMAND [ARGS...]\n       run [flags] --lock NAME --lock NAME... -- COMMAND [ARGS...]\n\nSeveral --lock NAMEs are taken together, all or nothing (a multi-lock).", stderr)
-	wait := fs.Duration("wait", 0, "give up after waiting this long for the lock (default: wait forever)")
-	noWait := fs.Bool("no-wait", false, "fail at once if the lock is held")
-	ttl := fs.Duration("ttl", dlock.DefaultTTL, "lease TTL; renewed every TTL/3 while the command runs")
-	conflict := fs.Int("conflict-exit-code", exitConflict, "exit code when the lock is not obtained")
-	owner := fs.String("owner", "", "owner id (default: random); processes with the same id re-enter the lock")
-	grace := fs.Duration("grace", 10*time.Second, "time between SIGTERM and SIGKILL when the lease is lost")
-	read := fs.Bool("read", false, "take NAME as a read-write lock, to read: shared with other --read runs")
-	write := fs.Bool("write", false, "take NAME as a read-write lock, to write: alone, excluding --read runs")
-	permits := fs.Int("permits", 0, "take one permit of NAME as a semaphore of this many: at most that many runs at once")
-	replicaAck := fs.String("replica-ack", "", "N[/TIMEOUT]: the lock counts only once N replicas acknowledged it, within TIMEOUT (default "+defaultAckTimeout.String()+")")
-	replicaAckAOF := fs.String("replica-ack-aof", "", "[local+]N[/TIMEOUT] or local[/TIMEOUT]: as --replica-ack, but N replicas (and the master, with local) fsynced it to their AOF (WAITAOF, Redis 7.2+); TIMEOUT defaults to "+defaultAOFAckTimeout.String()+" (appendfsync everysec)")
-	var locks nameList
-	fs.Var(&locks, "lock", "a lock to take (repeat it: the locks are taken together, all or nothing); replaces NAME")
-	if err := parse(fs, args); err != nil {
-		return report(err, stderr)
-	}
-	if *read && *write {
-		return report(usageError{"--read and --write exclude each other", "dlock run --read config:pricing -- ./serve"}, stderr)
-	}
-	rest := fs.Args()
-	names := []string(locks)
-	if len(names) == 0 {
-		if len(rest) < 2 {
-			return report(usageError{"run needs a lock NAME and a COMMAND", "dlock run nightly-cleanup -- /usr/local/bin/cleanup --all"}, stderr)
-		}
-		names, rest = rest[:1], rest[1:]
-	}
-	command := rest
-	if len(command) > 0 && command[0] == "--" {
-		command = command[1:]
-	}
-	if len(names) > 1 && (*read || *write) {
-		return report(usageError{"--read and --write take one lock, not a multi-lock", "dlock run --read config:pricing -- ./serve"}, stderr)
-	}
-	if *permits < 0 || (*permits > 0 && (len(names) > 1 || *read || *write)) {
-		return report(usageError{"--permits N takes one semaphore NAME (N >= 1), without --read, --write or several --lock", "dlock run --permits 2 exports -- ./export-report"}, stderr)
-	}
-	name := strings.Join(names, ",")
-	if len(command) == 0 {
-		return report(usageError{"run needs a COMMAND after NAME --", "dlock run nightly-cleanup -- /usr/local/bin/cleanup --all"}, stderr)
-	}
-	if *wait < 0 || *grace < 0 {
-		return report(usageError{"--wait and --grace must not be negative", ""}, stderr)
-	}
-	ackN, ackTimeout, err := parseReplicaAck(*replicaAck)
-	if err != nil {
-		return report(err, stderr)
-	}
-	aofLocal, aofN, aofTimeout, err := parseReplicaAckAOF(*replicaAckAOF)
-	if err != nil {
-		return report(err, stderr)
-	}
-	if *replicaAck != "" && *replicaAckAOF != "" {
-		return report(usageError{"--replica-ack and --replica-ack-aof exclude each other", "dlock run --replica-ack-aof local+1/1s NAME -- CMD"}, stderr)
-	}
+// runCmd is `dlock run`: take the lock, run the command while renewing it, release it, and
+// exit with the command's code. If the lease is lost the command gets SIGTERM, then SIGKILL
+// after --grace, and dlock exits with the lost code.
+func runCmd(stdout, stderr io.Writer) *cobra.Command {
+	o := &runOpts{}
+	c := &cobra.Command{
+		Use:   "run [flags] NAME -- COMMAND [ARGS...]",
+		Short: "Run a command while holding a lock",
+		Long: `Run COMMAND while holding the lock NAME, renewing it every TTL/3, and release it when the
+command exits. Several --lock NAMEs (instead of NAME) are taken together, all or nothing;
+--read or --write take NAME as a read-write lock; --permits N takes one of N permits.
 
-	conn, err := connect(common.redis, false)
+Flags go anywhere before --; everything after -- is the command. The command sees
+DLOCK_NAME, DLOCK_TOKEN (the fencing token; DLOCK_TOKENS for several locks) and DLOCK_OWNER.
+Signals are forwarded to it; it is stopped if the lease is lost, and dies with dlock.`,
+		Example: `  dlock run --wait 0 --quiet nightly-cleanup -- /usr/local/bin/cleanup --all
+  dlock run --permits 2 exports -- ./export-report
+  dlock run --lock account:1 --lock account:2 -- ./transfer 1 2 100`,
+		Args: func(c *cobra.Command, args []string) error { return o.positional(c, args) },
+		RunE: func(c *cobra.Command, _ []string) error {
+			if err := o.validate(c); err != nil {
+				return err
+			}
+			return o.run(stdout, stderr)
+		},
+	}
+	c.SetHelpTemplate(c.HelpTemplate() + exitCodesHelp)
+	f := c.Flags()
+	o.common = addCommon(c)
+	c.ValidArgsFunction = completeLockNames(o.common)
+	f.DurationVarP(&o.wait, "wait", "w", 0, "give up after waiting this long for the lock; 0 tries once (default: wait forever)")
+	f.BoolVarP(&o.noWait, "no-wait", "n", false, "try once, fail at once if the lock is held (same as --wait 0)")
+	f.BoolVarP(&o.quiet, "quiet", "q", false, "print nothing when the lock is held or --wait runs out (as flock -n)")
+	f.DurationVar(&o.ttl, "ttl", dlock.DefaultTTL, "lease TTL, at least "+minRunTTL.String()+"; renewed every TTL/3 while the command runs")
+	f.IntVarP(&o.conflict, "conflict-exit-code", "E", exitConflict, "exit code when the lock is not obtained (0-255)")
+	f.IntVar(&o.exitBase, "exit-code-base", 0, "move dlock's own exit codes to B..B+4 (1-"+strconv.Itoa(maxExitBase)+"), out of the command's range")
+	f.StringVar(&o.owner, "owner", "", "owner id (default: random); processes with the same id re-enter the lock")
+	f.DurationVar(&o.grace, "grace", 10*time.Second, "time between SIGTERM and SIGKILL when the lease is lost")
+	f.BoolVar(&o.read, "read", false, "take NAME as a read-write lock, to read: shared with other --read runs")
+	f.BoolVar(&o.write, "write", false, "take NAME as a read-write lock, to write: alone, excluding --read runs")
+	f.IntVar(&o.permits, "permits", 0, "take one permit of NAME as a semaphore of this many (at least 1): at most that many runs at once")
+	f.StringVar(&o.replicaAck, "replica-ack", "", "N[/TIMEOUT]: the lock counts only once N replicas acknowledged it, within TIMEOUT (default "+defaultAckTimeout.String()+")")
+	f.StringVar(&o.replicaAckAOF, "replica-ack-aof", "", "[local+]N[/TIMEOUT] or local[/TIMEOUT]: as --replica-ack, but N replicas (and the master, with local) fsynced it to their AOF (WAITAOF, Redis 7.2+); TIMEOUT defaults to "+defaultAOFAckTimeout.String()+" (appendfsync everysec)")
+	f.StringArrayVar(&o.locks, "lock", nil, "a lock to take, instead of NAME; repeat it: the locks are taken together, all or nothing")
+	f.SortFlags = false
+	return c
+}
+
+// minRunTTL is run's shortest --ttl: a command's lease renewed every few milliseconds would
+// be lost to one slow round trip (the library accepts down to 1ms, for tests).
+const minRunTTL = time.Second
+
+// runOpts is one `dlock run`: its flags, then its lock names and command.
+type runOpts struct {
+	common                      *commonFlags
+	wait, ttl, grace            time.Duration
+	noWait, quiet, read, write  bool
+	waitGiven                   bool
+	conflict, exitBase, permits int
+	owner, replicaAck           string
+	replicaAckAOF               string
+	locks                       []string
+	names, command              []string // set by positional
+	ackN                        int
+	ackTimeout                  time.Duration
+	aofLocal                    bool
+	aofN                        int
+	aofTimeout                  time.Duration
+}
+
+// positional splits the arguments at -- into the lock NAME (or none, with --lock) and the
+// command. The -- is required: a command's own flags would otherwise be read as dlock's.
+func (o *runOpts) positional(c *cobra.Command, args []string) error {
+	const example = "dlock run nightly-cleanup -- /usr/local/bin/cleanup --all"
+	dash := c.ArgsLenAtDash()
+	if dash < 0 {
+		if len(args) == 0 {
+			return usageError{"run needs a lock NAME, then -- and a COMMAND", example}
+		}
+		return usageError{"run needs -- between the lock NAME and the COMMAND", example}
+	}
+	before, command := args[:dash], args[dash:]
+	switch {
+	case len(o.locks) > 0 && len(before) > 0:
+		return usageError{fmt.Sprintf("run takes the locks as NAME or as --lock, not both (NAME %q with --lock)", before[0]), "dlock run --lock a --lock b -- CMD"}
+	case len(o.locks) > 0:
+		o.names = o.locks
+	case len(before) == 0:
+		return usageError{"run needs a lock NAME before --", example}
+	case len(before) > 1:
+		return usageError{fmt.Sprintf("run takes one lock NAME before --, got %d (%s)", len(before), strings.Join(before, " ")), "several locks at once: dlock run --lock a --lock b -- CMD"}
+	default:
+		o.names = before
+	}
+	if len(command) == 0 {
+		return usageError{"run needs a COMMAND after --", example}
+	}
+	o.command = command
+	return nil
+}
+
+// validate refuses contradictory and out-of-range flags, before anything touches Redis.
+func (o *runOpts) validate(c *cobra.Command) error {
+	given := func(name string) bool { return c.Flags().Changed(name) }
+	for _, pair := range [][2]string{{"read", "write"}, {"no-wait", "wait"}, {"replica-ack", "replica-ack-aof"},
+		{"conflict-exit-code", "exit-code-base"}} {
+		if given(pair[0]) && given(pair[1]) {
+			return usageError{fmt.Sprintf("--%s and --%s exclude each other", pair[0], pair[1]), "run 'dlock run -h' for what each does"}
+		}
+	}
+	switch {
+	case o.wait < 0:
+		return usageError{fmt.Sprintf("--wait %v: must not be negative (0 tries once)", o.wait), "dlock run --wait 30s NAME -- CMD"}
+	case o.ttl < minRunTTL:
+		return usageError{fmt.Sprintf("--ttl %v: must be at least %v", o.ttl, minRunTTL), "the default is " + dlock.DefaultTTL.String() + ", renewed while the command runs"}
+	case o.grace < 0:
+		return usageError{fmt.Sprintf("--grace %v: must not be negative", o.grace), ""}
+	case o.conflict < 0 || o.conflict > 255:
+		return usageError{fmt.Sprintf("--conflict-exit-code %d: must be 0-255", o.conflict), "an exit status is one byte"}
+	case given("exit-code-base") && (o.exitBase < 1 || o.exitBase > maxExitBase):
+		return usageError{fmt.Sprintf("--exit-code-base %d: must be 1-%d, so that B+4 is an exit status", o.exitBase, maxExitBase), "--exit-code-base 200 gives 200-204"}
+	case given("permits") && o.permits < 1:
+		return usageError{fmt.Sprintf("--permits %d: must be at least 1", o.permits), "dlock run --permits 2 exports -- ./export-report"}
+	case len(o.names) > 1 && (o.read || o.write || o.permits > 0):
+		return usageError{"--read, --write and --permits take one lock NAME, not several --lock", "dlock run --read config:pricing -- ./serve"}
+	case o.permits > 0 && (o.read || o.write):
+		return usageError{"--permits takes a semaphore, not a read-write lock: drop --read or --write", "dlock run --permits 2 exports -- ./export-report"}
+	}
+	o.waitGiven = given("wait")
+	var err error
+	if o.ackN, o.ackTimeout, err = parseReplicaAck(o.replicaAck); err != nil {
+		return err
+	}
+	o.aofLocal, o.aofN, o.aofTimeout, err = parseReplicaAckAOF(o.replicaAckAOF)
+	return err
+}
+
+// run takes the lock, runs the command and returns its outcome as an error report maps to
+// an exit code (exitErr with the command's own code).
+func (o *runOpts) run(stdout, stderr io.Writer) error {
+	name := strings.Join(o.names, ",")
+	// The command is found before the lock is taken: a typo in a crontab should not take the
+	// lock, and exits 127 (126: found but not executable) as a shell would.
+	if _, err := exec.LookPath(o.command[0]); err != nil {
+		return execError(o.command[0], err)
+	}
+	conn, err := connect(o.common.redis, false)
 	if err != nil {
-		return report(err, stderr)
+		return err
 	}
 	defer conn.close()
-	opts := []dlock.Option{dlock.WithKeyPrefix(common.prefix), dlock.WithTTL(*ttl), dlock.WithoutCohort()}
-	if *owner != "" {
-		opts = append(opts, dlock.WithOwner(*owner))
+	opts := []dlock.Option{dlock.WithKeyPrefix(o.common.prefix), dlock.WithTTL(o.ttl), dlock.WithoutCohort()}
+	if o.owner != "" {
+		opts = append(opts, dlock.WithOwner(o.owner))
 	}
-	if ackN > 0 {
-		opts = append(opts, dlock.WithReplicaAck(ackN, ackTimeout))
+	if o.ackN > 0 {
+		opts = append(opts, dlock.WithReplicaAck(o.ackN, o.ackTimeout))
 	}
-	if *replicaAckAOF != "" {
-		opts = append(opts, dlock.WithReplicaAckAOF(aofLocal, aofN, aofTimeout))
+	if o.replicaAckAOF != "" {
+		opts = append(opts, dlock.WithReplicaAckAOF(o.aofLocal, o.aofN, o.aofTimeout))
 	}
 	dl := conn.client(opts...)
 	defer dl.Close(context.Background())
 	var m locker = dl.Mutex(name)
 	switch {
-	case len(names) > 1:
-		m = dl.MultiLock(names)
-	case *read:
+	case len(o.names) > 1:
+		m = dl.MultiLock(o.names)
+	case o.read:
 		rw := dl.RWMutex(name)
 		m = funcLocker{rw.RLock, rw.TryRLock}
-	case *write:
+	case o.write:
 		m = dl.RWMutex(name)
-	case *permits > 0:
-		sem := dl.Semaphore(name, *permits)
+	case o.permits > 0:
+		sem := dl.Semaphore(name, o.permits)
 		m = funcLocker{
 			func(ctx context.Context) (*dlock.Lease, error) { return sem.Acquire(ctx, 1) },
 			func(ctx context.Context) (*dlock.Lease, error) { return sem.TryAcquire(ctx, 1) },
@@ -118,31 +205,25 @@ func runCommand(args []string, stdout, stderr io.Writer) int {
 	signal.Notify(sigs, forwarded...)
 	defer signal.Stop(sigs)
 
-	lease, sig, err := acquire(m, *noWait, *wait, sigs)
+	once := o.noWait || o.wait == 0 && o.waitGiven
+	lease, sig, err := acquire(m, once, o.wait, sigs)
 	if sig != nil {
 		if lease != nil {
 			_ = lease.Unlock(context.Background())
 		}
-		fmt.Fprintf(stderr, "dlock: error: %v while waiting for lock %q\n", sig, name)
-		return 128 + int(sig.(syscall.Signal))
+		return exitErr{128 + int(sig.(syscall.Signal)), fmt.Errorf("%v while waiting for lock %q", sig, name)}
 	}
 	if err != nil {
-		if errors.Is(err, dlock.ErrNotObtained) {
-			if *permits > 0 {
-				fmt.Fprintf(stderr, "dlock: error: no permit of semaphore %q is free\n", name)
-			} else {
-				fmt.Fprintf(stderr, "dlock: error: lock %q is held by another owner\n", name)
-			}
-			return *conflict
+		if errors.Is(err, dlock.ErrNotObtained) || errors.Is(err, context.DeadlineExceeded) {
+			err = o.conflictError(name, err)
 		}
-		return report(err, stderr)
+		return err
 	}
-
-	cmd := exec.Command(command[0], command[1:]...)
+	cmd := exec.Command(o.command[0], o.command[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, stdout, stderr
-	cmd.Env = append(os.Environ(), "DLOCK_NAME="+name, "DLOCK_TOKENS="+tokensEnv(names, lease),
+	cmd.Env = append(os.Environ(), "DLOCK_NAME="+name, "DLOCK_TOKENS="+tokensEnv(o.names, lease),
 		"DLOCK_OWNER="+lease.Owner()) // the id `dlock status` shows
-	if len(names) == 1 {
+	if len(o.names) == 1 {
 		cmd.Env = append(cmd.Env, "DLOCK_TOKEN="+strconv.FormatUint(lease.Token(), 10))
 	}
 	// The command dies with dlock, whatever kills dlock: it must never outlive the lock.
@@ -168,7 +249,7 @@ func runCommand(args []string, stdout, stderr io.Writer) int {
 	}()
 	if err := <-started; err != nil {
 		_ = lease.Unlock(context.Background())
-		return report(hinted{fmt.Errorf("start %q: %w", command[0], err), "check the command's path and permissions"}, stderr)
+		return execError(o.command[0], err)
 	}
 	target := cmd.Process.Pid
 	if group {
@@ -181,9 +262,10 @@ func runCommand(args []string, stdout, stderr io.Writer) int {
 		case sig := <-sigs:
 			_ = syscall.Kill(target, sig.(syscall.Signal))
 		case <-lease.Done():
+			// Said before the stop, which may take --grace: the reason comes first.
 			fmt.Fprintf(stderr, "dlock: error: lease on %q lost (%v); stopping the command\n", name, lease.Err())
-			stop(target, exited, *grace)
-			return exitLost
+			stop(target, exited, o.grace)
+			return quietErr{leaseLost{lease.Err()}}
 		case err := <-exited:
 			code = exitCode(err)
 			done = true
@@ -194,10 +276,55 @@ func runCommand(args []string, stdout, stderr io.Writer) int {
 	if err := lease.Unlock(ctx); err != nil {
 		fmt.Fprintf(stderr, "dlock: error: release %q: %v\n", name, err)
 		if code == exitOK && errors.Is(err, dlock.ErrLeaseLost) {
-			return exitLost // the command may have run partly without the lock
+			return quietErr{leaseLost{err}} // the command may have run partly without the lock
 		}
 	}
-	return code
+	if code == exitOK {
+		return nil
+	}
+	return quietErr{exitErr{code, fmt.Errorf("%s exited with %d", o.command[0], code)}}
+}
+
+// conflictError is the lock not obtained (held, or not within --wait): silent with --quiet.
+func (o *runOpts) conflictError(name string, err error) error {
+	what := fmt.Sprintf("lock %q is held by another owner", name)
+	if o.permits > 0 {
+		what = fmt.Sprintf("no permit of semaphore %q is free", name)
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		what += fmt.Sprintf(" (waited %v)", o.wait)
+	}
+	err = notObtained{errors.New(what)}
+	if o.quiet {
+		return quietErr{err}
+	}
+	return err
+}
+
+// notObtained and leaseLost carry run's messages with the outcome report maps to an exit
+// code.
+type notObtained struct{ err error }
+
+func (e notObtained) Error() string        { return e.err.Error() }
+func (e notObtained) Is(target error) bool { return target == dlock.ErrNotObtained }
+
+type leaseLost struct{ err error }
+
+func (e leaseLost) Error() string        { return e.err.Error() }
+func (e leaseLost) Is(target error) bool { return target == dlock.ErrLeaseLost }
+
+// execError is a command that cannot run: 127 if it was not found, 126 if it was found but
+// cannot be executed (no permission, a directory, not a binary), as a shell says.
+func execError(name string, err error) error {
+	var ee *exec.Error
+	if errors.As(err, &ee) {
+		err = ee.Err // exec.Error repeats the name
+	}
+	code, hint := exitCannotExec, "check the command's permissions (chmod +x) and that it is a program or a script with #!"
+	if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
+		code, hint = exitNotFound, "check the command's name and $PATH, or give its full path"
+	}
+	return hinted{exitErr{code, fmt.Errorf("cannot run %q: %w", name, err)}, hint}
 }
 
 // defaultAckTimeout is --replica-ack's timeout when it names none.
@@ -267,12 +394,6 @@ func parseReplicaAckAOF(v string) (local bool, n int, d time.Duration, err error
 	}
 	return local, n, d, nil
 }
-
-// names collects a repeated string flag.
-type nameList []string
-
-func (n *nameList) String() string     { return strings.Join(*n, ",") }
-func (n *nameList) Set(v string) error { *n = append(*n, v); return nil }
 
 // tokensEnv is DLOCK_TOKENS: name=token for every lock the lease holds, comma-separated, in
 // the order of names.

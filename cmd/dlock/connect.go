@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -62,10 +63,20 @@ func connect(flagURLs []string, throwaway bool) (*connection, error) {
 	for i, rdb := range c.masters {
 		if err := rdb.Ping(ctx).Err(); err != nil {
 			c.close()
-			return nil, hinted{fmt.Errorf("cannot reach Redis at %s: %w", urls[i], err), "check that Redis is running and the URL is right"}
+			return nil, pingError(urls[i], err)
 		}
 	}
 	return c, nil
+}
+
+// pingError says why Redis at url did not answer PING: a refusal (a wrong password, a user
+// without the permission) is not Redis being down, and exits with another code.
+func pingError(url string, err error) error {
+	var reply redis.Error
+	if errors.As(err, &reply) && !strings.HasPrefix(reply.Error(), "LOADING") {
+		return hinted{fmt.Errorf("Redis at %s refused PING: %w", url, err), "check the user and password in the URL, and the user's ACL"}
+	}
+	return hinted{unreachable{fmt.Errorf("cannot reach Redis at %s: %w", url, err)}, "check that Redis is running and the URL is right"}
 }
 
 // client makes the dlock Client over the connection: a Redlock's when --redis was repeated.

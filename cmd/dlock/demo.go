@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -16,6 +15,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/spf13/cobra"
 )
 
 // A scenario is one of the seeds' stories, replayed by worker processes first without a lock
@@ -72,33 +72,36 @@ var scenarios = map[string]*scenario{
 
 const scenarioOrder = "tickets seckill cron counter prices transfer exports sale"
 
-func runDemo(args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("dlock demo", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	redisURL := fs.String("redis", "", "Redis URL (default $REDIS_URL, else a throwaway redis-server)")
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: dlock demo [--redis URL] [%s|all]\n\nReplays a seed scenario across OS processes, first without a lock, then with dlock.\n\n", strings.ReplaceAll(scenarioOrder, " ", "|"))
-		fs.PrintDefaults()
+func demoCmd(stdout, stderr io.Writer) *cobra.Command {
+	var redisURL string
+	c := &cobra.Command{
+		Use:   "demo [flags] [" + strings.ReplaceAll(scenarioOrder, " ", "|") + "|all]",
+		Short: "Replay the seed scenarios without and with a lock",
+		Long: `Replay a seed scenario (default: all of them) across OS processes, first without a lock,
+then with dlock, and show that only the locked runs are exact. Without --redis or
+$REDIS_URL, it starts a throwaway redis-server and removes it on exit.`,
+		Args:      rangeArgs(0, 1, "dlock demo tickets"),
+		ValidArgs: append(strings.Fields(scenarioOrder), "all"),
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
+	c.Flags().StringVar(&redisURL, "redis", "", "Redis URL (default $REDIS_URL, else a throwaway redis-server)")
+	c.RunE = func(_ *cobra.Command, args []string) error {
+		names := strings.Fields(scenarioOrder)
+		if len(args) == 1 && args[0] != "all" {
+			if scenarios[args[0]] == nil {
+				return usageError{fmt.Sprintf("unknown demo scenario %q", args[0]), "choose one of: " + scenarioOrder + ", all"}
+			}
+			names = args[:1]
 		}
-		return usageError{err.Error(), "run 'dlock demo -h'"}
+		return runDemo(redisURL, names, stdout, stderr)
 	}
-	names := strings.Fields(scenarioOrder)
-	if fs.NArg() > 1 {
-		return usageError{"demo takes at most one scenario", "run 'dlock demo -h'"}
-	}
-	if fs.NArg() == 1 && fs.Arg(0) != "all" {
-		if scenarios[fs.Arg(0)] == nil {
-			return usageError{fmt.Sprintf("unknown demo scenario %q", fs.Arg(0)), "choose one of: " + scenarioOrder + ", all"}
-		}
-		names = []string{fs.Arg(0)}
-	}
+	return c
+}
+
+// runDemo plays the scenarios names against redisURL, $REDIS_URL or a throwaway server.
+func runDemo(redisURL string, names []string, stdout, stderr io.Writer) error {
 	var urls []string
-	if *redisURL != "" {
-		urls = []string{*redisURL}
+	if redisURL != "" {
+		urls = []string{redisURL}
 	}
 	conn, err := connect(urls, true)
 	if err != nil {

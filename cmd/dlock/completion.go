@@ -1,0 +1,87 @@
+package main
+
+import (
+	"context"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/dlock-go/dlock"
+	"github.com/spf13/cobra"
+)
+
+// Shell completion comes from cobra: `dlock completion bash|zsh|fish` prints the script, and
+// the shell calls back `dlock __complete ARGS...` for each completion. completeLockNames adds
+// the lock names Redis has state for.
+
+// completionTimeout bounds the Redis round trip of one completion: a shell waits on it.
+const completionTimeout = time.Second
+
+// completeLockNames completes a NAME argument with the locks that have state in Redis
+// (--redis, else $REDIS_URL; none if neither answers within completionTimeout). After run's
+// --, it completes the command as a file.
+func completeLockNames(common *commonFlags) cobra.CompletionFunc {
+	return func(c *cobra.Command, args []string, toComplete string) ([]cobra.Completion, cobra.ShellCompDirective) {
+		if c.Name() == "run" {
+			if dashBeforeLastWord(os.Args) {
+				return nil, cobra.ShellCompDirectiveDefault
+			}
+			if len(args) > 0 || c.Flags().Changed("lock") {
+				return []cobra.Completion{"--"}, cobra.ShellCompDirectiveNoFileComp
+			}
+		} else if len(args) > 0 {
+			return nil, cobra.ShellCompDirectiveNoFileComp
+		}
+		return lockNames(common, toComplete), cobra.ShellCompDirectiveNoFileComp
+	}
+}
+
+// dashBeforeLastWord reports whether the words being completed (dlock __complete ...
+// WORD) have a -- before WORD. Cobra's ArgsLenAtDash cannot say: completion parses the
+// flags with a -- of its own appended.
+func dashBeforeLastWord(words []string) bool {
+	return len(words) > 1 && slices.Contains(words[1:len(words)-1], "--")
+}
+
+// lockNames lists the names that start with prefix; nil on any error, as a shell's
+// completion should show nothing rather than an error.
+func lockNames(common *commonFlags, prefix string) []cobra.Completion {
+	url := os.Getenv("REDIS_URL")
+	if len(common.redis) > 0 {
+		url = common.redis[0] // a Redlock's first master has the names too
+	}
+	if url == "" {
+		return nil
+	}
+	rdb, err := openURL(url)
+	if err != nil {
+		return nil
+	}
+	defer rdb.Close()
+	dl := dlock.New(rdb, dlock.WithKeyPrefix(common.prefix))
+	defer dl.Close(context.Background())
+	ctx, cancel := context.WithTimeout(context.Background(), completionTimeout)
+	defer cancel()
+	locks, err := dl.Locks(ctx, globEscape(prefix)+"*")
+	if err != nil {
+		return nil
+	}
+	names := make([]cobra.Completion, 0, len(locks))
+	for _, l := range locks {
+		names = append(names, l.Name)
+	}
+	return names
+}
+
+// globEscape makes s match itself in a Redis glob pattern.
+func globEscape(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if strings.ContainsRune(`*?[]\`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
