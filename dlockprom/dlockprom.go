@@ -50,7 +50,7 @@ type Metrics struct {
 // yet.
 func New() *Metrics {
 	const ns = "dlock"
-	return &Metrics{
+	m := &Metrics{
 		calls: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "calls_total",
 			Help: "Lock calls and Unlocks, by primitive, method and outcome."}, []string{"kind", "method", "outcome"}),
 		wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "lock_wait_seconds",
@@ -69,6 +69,15 @@ func New() *Metrics {
 			Help:    "How long Redis took to answer a watchdog renewal.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 4, 8)}),
 	}
+	// The series an alert watches exist at 0 from the start: rate() sees no increase in a
+	// series' first sample, so without this a service's first lost lease would not count.
+	for _, end := range []string{"unlocked", "lost", "expired", "closed"} {
+		m.ended.WithLabelValues(end)
+	}
+	for _, outcome := range []string{"ok", "lost", "not_replicated", "unavailable", "error"} {
+		m.renewals.WithLabelValues(outcome)
+	}
+	return m
 }
 
 func (m *Metrics) collectors() []prometheus.Collector {

@@ -105,6 +105,23 @@ func TestMetricsCountWhatTheClientDid(t *testing.T) {
 	}
 }
 
+// The series an alert on lost leases or failed renewals watches exist at 0 before any event,
+// so rate() counts a service's first loss (a series born at 1 shows no increase).
+func TestAlertSeriesStartAtZero(t *testing.T) {
+	m := New()
+	if n := testutil.CollectAndCount(m, "dlock_leases_ended_total"); n != 4 {
+		t.Errorf("leases_ended_total: %d series before any event, want 4 (unlocked, lost, expired, closed)", n)
+	}
+	if n := testutil.CollectAndCount(m, "dlock_renewals_total"); n != 5 {
+		t.Errorf("renewals_total: %d series before any event, want 5", n)
+	}
+	for _, end := range []string{"lost", "expired"} {
+		if got := testutil.ToFloat64(m.ended.WithLabelValues(end)); got != 0 {
+			t.Errorf("leases_ended_total{end=%q} = %v before any event", end, got)
+		}
+	}
+}
+
 // A real Prometheus server scrapes the metrics from an HTTP endpoint and answers a query for
 // them over its HTTP API, as a deployment would see them.
 func TestPrometheusServerScrapesTheMetrics(t *testing.T) {

@@ -6,6 +6,7 @@ require (
 	github.com/dlock-go/dlock v0.0.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/redis/go-redis/v9 v9.23.0
+	golang.org/x/image v0.46.0
 )
 
 require (
