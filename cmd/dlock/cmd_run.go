@@ -14,10 +14,10 @@ import (
 	"strings"
 	"syscall"
 	"time"
-	"unsafe"
 
 	"github.com/dlock-go/dlock"
 	"github.com/spf13/cobra"
+	"golang.org/x/term"
 )
 
 // runCmd is `dlock run`: take the lock, run the command while renewing it, release it, and
@@ -228,7 +228,7 @@ func (o *runOpts) run(stdout, stderr io.Writer) error {
 	}
 	// The command dies with dlock, whatever kills dlock: it must never outlive the lock.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	group := !isTerminal(os.Stdin)
+	group := !term.IsTerminal(int(os.Stdin.Fd()))
 	if group {
 		// Its own process group, so a lost lease stops the command's children too. Not from a
 		// terminal: a background group reading it would be stopped (SIGTTIN) while the lock is
@@ -470,13 +470,6 @@ func stop(target int, exited <-chan error, grace time.Duration) {
 		_ = syscall.Kill(target, syscall.SIGKILL)
 		<-exited
 	}
-}
-
-// isTerminal reports whether f is a terminal (TCGETS succeeds; /dev/null is not one).
-func isTerminal(f *os.File) bool {
-	var t syscall.Termios
-	_, _, errno := syscall.Syscall(syscall.SYS_IOCTL, f.Fd(), syscall.TCGETS, uintptr(unsafe.Pointer(&t)))
-	return errno == 0
 }
 
 // exitCode is the command's exit code, 128+signal if a signal ended it.
