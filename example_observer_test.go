@@ -10,18 +10,12 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// exampleRedis is the examples' go-redis client: REDIS_URL, which main_test.go points at a
-// throwaway redis-server.
-func exampleRedis() *redis.Client {
-	opt, _ := redis.ParseURL(os.Getenv("REDIS_URL"))
-	return redis.NewClient(opt)
-}
-
 // An Observer's CallStart may return a context for the call (a trace span, say); CallDone gets
 // it back with what the call returned.
 func ExampleObserver() {
 	ctx := context.Background()
-	rdb := exampleRedis()
+	opt, _ := redis.ParseURL(os.Getenv("REDIS_URL")) // in a real program: the client it already has
+	rdb := redis.NewClient(opt)
 	defer rdb.Close()
 	type spanKey struct{}
 	c := dlock.New(rdb, dlock.WithObserver(dlock.Observer{
@@ -44,7 +38,8 @@ func ExampleObserver() {
 // A Call names the primitive, the method and the lock.
 func ExampleCall() {
 	ctx := context.Background()
-	rdb := exampleRedis()
+	opt, _ := redis.ParseURL(os.Getenv("REDIS_URL")) // in a real program: the client it already has
+	rdb := redis.NewClient(opt)
 	defer rdb.Close()
 	c := dlock.New(rdb, dlock.WithObserver(dlock.Observer{
 		CallDone: func(_ context.Context, call dlock.Call, _ dlock.CallResult) {
@@ -63,7 +58,8 @@ func ExampleCall() {
 // A CallResult is the lease a call returned, or its error.
 func ExampleCallResult() {
 	ctx := context.Background()
-	rdb := exampleRedis()
+	opt, _ := redis.ParseURL(os.Getenv("REDIS_URL")) // in a real program: the client it already has
+	rdb := redis.NewClient(opt)
 	defer rdb.Close()
 	c := dlock.New(rdb, dlock.WithObserver(dlock.Observer{
 		CallDone: func(_ context.Context, call dlock.Call, res dlock.CallResult) {
@@ -86,7 +82,8 @@ func ExampleCallResult() {
 // the lease was lost (here, an operator broke the lock).
 func ExampleLeaseEnd() {
 	ctx := context.Background()
-	rdb := exampleRedis()
+	opt, _ := redis.ParseURL(os.Getenv("REDIS_URL")) // in a real program: the client it already has
+	rdb := redis.NewClient(opt)
 	defer rdb.Close()
 	ended := make(chan dlock.LeaseEnd, 2)
 	c := dlock.New(rdb, dlock.WithObserver(dlock.Observer{LeaseEnded: func(e dlock.LeaseEnd) { ended <- e }}))
@@ -109,7 +106,8 @@ func ExampleLeaseEnd() {
 // A Renewal is one watchdog renewal: every TTL/3 while a lease is held.
 func ExampleRenewal() {
 	ctx := context.Background()
-	rdb := exampleRedis()
+	opt, _ := redis.ParseURL(os.Getenv("REDIS_URL")) // in a real program: the client it already has
+	rdb := redis.NewClient(opt)
 	defer rdb.Close()
 	renewed := make(chan dlock.Renewal, 1)
 	c := dlock.New(rdb, dlock.WithTTL(300*time.Millisecond), dlock.WithObserver(dlock.Observer{
@@ -133,7 +131,8 @@ func ExampleRenewal() {
 // LockInfo is what Inspect and Locks read: here, a semaphore with one of its permits out.
 func ExampleLockInfo() {
 	ctx := context.Background()
-	rdb := exampleRedis()
+	opt, _ := redis.ParseURL(os.Getenv("REDIS_URL")) // in a real program: the client it already has
+	rdb := redis.NewClient(opt)
 	defer rdb.Close()
 	c := dlock.New(rdb)
 	defer c.Close(ctx)
