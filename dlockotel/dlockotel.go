@@ -17,6 +17,7 @@
 //
 //	dlock.lock.wait         histogram, s: how long lock calls took, by dlock.lock.kind, dlock.method, dlock.outcome
 //	dlock.calls             counter: lock calls and Unlocks, by the same attributes
+//	dlock.lock.waiting      up-down counter: lock calls waiting now (Lock, RLock, Acquire), by dlock.lock.kind
 //	dlock.lease.held        histogram, s: how long leases were held, by dlock.lease.end (unlocked, lost, expired, closed)
 //	dlock.renewals          counter: watchdog renewals, by dlock.outcome
 //	dlock.renewal.duration  histogram, s: how long Redis took to answer a renewal
@@ -75,6 +76,9 @@ func New(opts ...Option) (dlock.Observer, error) {
 	mk(err)
 	calls, err := meter.Int64Counter("dlock.calls", metric.WithDescription("Lock calls and Unlocks, by outcome."))
 	mk(err)
+	waiting, err := meter.Int64UpDownCounter("dlock.lock.waiting",
+		metric.WithDescription("Lock calls waiting now (Lock, RLock, Acquire in progress), by primitive."))
+	mk(err)
 	held, err := meter.Float64Histogram("dlock.lease.held", metric.WithUnit("s"),
 		metric.WithDescription("How long leases were held, by how they ended."))
 	mk(err)
@@ -88,12 +92,18 @@ func New(opts ...Option) (dlock.Observer, error) {
 	}
 	return dlock.Observer{
 		CallStart: func(ctx context.Context, call dlock.Call) context.Context {
+			if waits(call) {
+				waiting.Add(ctx, 1, metric.WithAttributes(attribute.String("dlock.lock.kind", call.Kind)))
+			}
 			ctx, _ = tracer.Start(ctx, "dlock."+call.Method, trace.WithTimestamp(call.Start),
 				trace.WithSpanKind(trace.SpanKindInternal),
 				trace.WithAttributes(attribute.String("dlock.lock.name", call.Name), attribute.String("dlock.lock.kind", call.Kind)))
 			return ctx
 		},
 		CallDone: func(ctx context.Context, call dlock.Call, res dlock.CallResult) {
+			if waits(call) {
+				waiting.Add(ctx, -1, metric.WithAttributes(attribute.String("dlock.lock.kind", call.Kind)))
+			}
 			l, err := res.Lease, res.Err
 			outcome := dlock.Outcome(err)
 			attrs := metric.WithAttributes(attribute.String("dlock.lock.kind", call.Kind),
@@ -129,4 +139,9 @@ func New(opts ...Option) (dlock.Observer, error) {
 			}
 		},
 	}, nil
+}
+
+// waits reports whether call is one that waits for its lock (a TryLock or an Unlock does not).
+func waits(call dlock.Call) bool {
+	return call.Method == "Lock" || call.Method == "RLock" || call.Method == "Acquire"
 }

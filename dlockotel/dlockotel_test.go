@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/internal/redistest"
@@ -128,5 +129,69 @@ func TestFailedCallIsAnErrorSpan(t *testing.T) {
 	ended := spans.Ended()
 	if len(ended) != 1 || ended[0].Status().Code != codes.Error || len(ended[0].Events()) == 0 {
 		t.Fatalf("spans %v: want one with status Error and the error recorded", ended)
+	}
+}
+
+// dlock.lock.waiting counts the lock calls waiting now: 1 while a Lock waits for a held lock,
+// 0 once it returned.
+func TestWaitingCountsLockCallsInProgress(t *testing.T) {
+	ctx := context.Background()
+	reader := sdkmetric.NewManualReader()
+	o, err := New(WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := redistest.Client(t)
+	holder := dlock.New(rdb, dlock.WithoutCohort())
+	defer holder.Close(ctx)
+	c := dlock.New(rdb, dlock.WithObserver(o))
+	defer c.Close(ctx)
+	name := redistest.Name(t)
+	waiting := func() (int64, bool) {
+		var rm metricdata.ResourceMetrics
+		if err := reader.Collect(ctx, &rm); err != nil {
+			t.Fatal(err)
+		}
+		for _, sm := range rm.ScopeMetrics {
+			for _, m := range sm.Metrics {
+				if d, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == "dlock.lock.waiting" {
+					for _, p := range d.DataPoints {
+						if kind, _ := p.Attributes.Value("dlock.lock.kind"); kind.AsString() == "mutex" {
+							return p.Value, true
+						}
+					}
+				}
+			}
+		}
+		return 0, false
+	}
+	l, err := holder.Mutex(name).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		w, err := c.Mutex(name).Lock(ctx)
+		if err == nil {
+			err = w.Unlock(ctx)
+		}
+		got <- err
+	}()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if n, ok := waiting(); ok && n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("dlock.lock.waiting never reached 1 while a Lock waited")
+		}
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+	if n, ok := waiting(); !ok || n != 0 {
+		t.Fatalf("dlock.lock.waiting %d (reported: %v) after the Lock returned, want 0", n, ok)
 	}
 }

@@ -15,6 +15,7 @@
 //
 //	calls_total{kind,method,outcome}             lock calls and Unlocks, by outcome
 //	lock_wait_seconds{kind,method,outcome}       how long lock calls took (histogram)
+//	waiting{kind}                                lock calls waiting now (Lock, RLock, Acquire): the Client's own queue
 //	leases_acquired_total{kind}                  leases handed out by lock calls
 //	leases_ended_total{end}                      leases ended: unlocked, lost, expired (a fixed lease's TTL), closed
 //	lease_held_seconds{end}                      how long leases were held (histogram)
@@ -39,6 +40,7 @@ import (
 type Metrics struct {
 	calls    *prometheus.CounterVec
 	wait     *prometheus.HistogramVec
+	waiting  *prometheus.GaugeVec
 	acquired *prometheus.CounterVec
 	ended    *prometheus.CounterVec
 	held     *prometheus.HistogramVec
@@ -56,6 +58,8 @@ func New() *Metrics {
 		wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "lock_wait_seconds",
 			Help:    "How long lock calls took (for Lock, how long the caller waited), by primitive, method and outcome.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 4, 10)}, []string{"kind", "method", "outcome"}),
+		waiting: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "waiting",
+			Help: "Lock calls waiting now (Lock, RLock, Acquire in progress), by primitive."}, []string{"kind"}),
 		acquired: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "leases_acquired_total",
 			Help: "Leases handed out by lock calls, by primitive."}, []string{"kind"}),
 		ended: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "leases_ended_total",
@@ -81,7 +85,7 @@ func New() *Metrics {
 }
 
 func (m *Metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.calls, m.wait, m.acquired, m.ended, m.held, m.renewals, m.renewDur}
+	return []prometheus.Collector{m.calls, m.wait, m.waiting, m.acquired, m.ended, m.held, m.renewals, m.renewDur}
 }
 
 // Describe implements prometheus.Collector.
@@ -102,7 +106,16 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 // counts and observes, so it never holds up a lock call.
 func (m *Metrics) Observer() dlock.Observer {
 	return dlock.Observer{
+		CallStart: func(ctx context.Context, call dlock.Call) context.Context {
+			if waits(call) {
+				m.waiting.WithLabelValues(call.Kind).Inc()
+			}
+			return ctx
+		},
 		CallDone: func(_ context.Context, call dlock.Call, res dlock.CallResult) {
+			if waits(call) {
+				m.waiting.WithLabelValues(call.Kind).Dec()
+			}
 			outcome := dlock.Outcome(res.Err)
 			m.calls.WithLabelValues(call.Kind, call.Method, outcome).Inc()
 			if call.Method == "Unlock" {
@@ -129,4 +142,9 @@ func (m *Metrics) Observer() dlock.Observer {
 			}
 		},
 	}
+}
+
+// waits reports whether call is one that waits for its lock (a TryLock or an Unlock does not).
+func waits(call dlock.Call) bool {
+	return call.Method == "Lock" || call.Method == "RLock" || call.Method == "Acquire"
 }

@@ -105,6 +105,48 @@ func TestMetricsCountWhatTheClientDid(t *testing.T) {
 	}
 }
 
+// dlock_waiting counts the lock calls waiting now: up while a Lock waits for a held lock, down
+// once it returns.
+func TestWaitingCountsLockCallsInProgress(t *testing.T) {
+	ctx := context.Background()
+	m := New()
+	rdb := redistest.Client(t)
+	holder := dlock.New(rdb, dlock.WithoutCohort())
+	defer holder.Close(ctx)
+	c := dlock.New(rdb, dlock.WithObserver(m.Observer()))
+	defer c.Close(ctx)
+	name := redistest.Name(t)
+	l, err := holder.Mutex(name).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		w, err := c.Mutex(name).Lock(ctx)
+		if err == nil {
+			err = w.Unlock(ctx)
+		}
+		got <- err
+	}()
+	waiting := m.waiting.WithLabelValues("mutex")
+	waitFor(t, "dlock_waiting at 1", func() bool { return testutil.ToFloat64(waiting) == 1 })
+	if _, err := c.Mutex(name).TryLock(ctx); !errors.Is(err, dlock.ErrNotObtained) {
+		t.Fatalf("TryLock: %v", err)
+	}
+	if n := testutil.ToFloat64(waiting); n != 1 {
+		t.Fatalf("a TryLock counted as waiting: %v", n)
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+	if n := testutil.ToFloat64(waiting); n != 0 {
+		t.Fatalf("dlock_waiting %v after the Lock returned, want 0", n)
+	}
+}
+
 // The series an alert on lost leases or failed renewals watches exist at 0 before any event,
 // so rate() counts a service's first loss (a series born at 1 shows no increase).
 func TestAlertSeriesStartAtZero(t *testing.T) {

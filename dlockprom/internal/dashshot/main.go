@@ -119,7 +119,7 @@ func run(ctx context.Context, out, dash string, dur, step time.Duration) error {
 			for _, s := range series {
 				points += s.points()
 				c.lines = append(c.lines, line{
-					label:   legend(expr, s.labels),
+					label:   legend(t.Legend, expr, s.labels),
 					unit:    unit,
 					seconds: seconds,
 					// A panel plotting rates and a latency quantile (the renewals panel) would
@@ -176,9 +176,18 @@ func hasRate(p panel) bool {
 	return false
 }
 
-// legend names a series as Grafana's default legend would, shorter: the quantile ("p99") and
-// the values of the labels the query kept ("mutex Lock ok"); "all" for a bare sum.
-func legend(expr string, labels map[string]string) string {
+// legendRE matches a legendFormat's {{label}}.
+var legendRE = regexp.MustCompile(`\{\{\s*\w+\s*\}\}`)
+
+// legend names a series: by the target's legendFormat ("{{kind}} waiting") when it has one, as
+// Grafana does, else as Grafana's default legend would, shorter: the quantile ("p99") and the
+// values of the labels the query kept ("mutex Lock ok"); "all" for a bare sum.
+func legend(format, expr string, labels map[string]string) string {
+	if format != "" {
+		return legendRE.ReplaceAllStringFunc(format, func(m string) string {
+			return labels[strings.TrimSpace(m[2:len(m)-2])]
+		})
+	}
 	var parts []string
 	if m := quantileRE.FindStringSubmatch(expr); m != nil {
 		q, _ := strconv.ParseFloat(m[1], 64)

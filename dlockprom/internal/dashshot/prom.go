@@ -33,8 +33,9 @@ type panel struct {
 		Defaults struct{ Unit string }
 	}
 	Targets []struct {
-		RefID string `json:"refId"`
-		Expr  string
+		RefID  string `json:"refId"`
+		Legend string `json:"legendFormat"`
+		Expr   string
 	}
 }
 
