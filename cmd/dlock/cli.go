@@ -28,7 +28,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == workerCommand {
 		return report(runWorker(args[1:]), stderr, defaultCodes)
 	}
-	root := newRoot(stdout, stderr)
+	root := newRoot(args, stdout, stderr)
 	if len(args) == 0 {
 		root.SetOut(stderr) // not asked for: the usage goes with the error
 		_ = root.Usage()
@@ -36,11 +36,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	root.SetArgs(args)
 	cmd, err := root.ExecuteC()
-	return report(err, stderr, codesOf(cmd))
+	return report(err, stderr, codesOf(cmd, args))
 }
 
-// newRoot builds the command tree. Each call builds a fresh one: flags hold their values.
-func newRoot(stdout, stderr io.Writer) *cobra.Command {
+// newRoot builds the command tree for args. Each call builds a fresh one: flags hold their
+// values.
+func newRoot(args []string, stdout, stderr io.Writer) *cobra.Command {
 	root := &cobra.Command{
 		Use:           "dlock",
 		Short:         "Redis distributed locks from the shell",
@@ -52,7 +53,7 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 		Args: cobra.ArbitraryArgs,
 		RunE: func(c *cobra.Command, args []string) error {
 			msg := fmt.Sprintf("unknown command %q", args[0])
-			if s := c.SuggestionsFor(args[0]); len(s) > 0 {
+			if s := c.SuggestionsFor(args[0]); len(s) > 0 && args[0] != "" {
 				msg += "; did you mean " + strings.Join(s, " or ") + "?"
 			}
 			return usageError{msg, "run 'dlock help' for the commands"}
@@ -65,11 +66,65 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return usageError{err.Error(), "run '" + c.CommandPath() + " -h' for its flags"}
 	})
-	root.AddCommand(runCmd(stdout, stderr), statusCmd(stdout), listCmd(stdout), releaseCmd(stdout),
-		latchCmd(stdout), demoCmd(stdout, stderr), versionCmd(stdout))
+	completer := &completer{words: args}
+	root.AddCommand(runCmd(stdout, stderr, completer), statusCmd(stdout, completer), listCmd(stdout, completer),
+		releaseCmd(stdout, completer), latchCmd(stdout, completer), demoCmd(stdout, stderr), versionCmd(stdout))
+	root.SetHelpCommand(helpCmd())
+	usageCompletionCmd(root)
 	return root
 }
 
+// helpCmd is `dlock help [COMMAND]`: the help asked for, on stdout; an unknown COMMAND is a
+// usage error (cobra's own help command would print the root's help and succeed).
+func helpCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "help [COMMAND]",
+		Short: "Help about any command",
+		Args:  cobra.ArbitraryArgs,
+		RunE: func(c *cobra.Command, args []string) error {
+			target, rest, err := c.Root().Find(args)
+			if err != nil || len(rest) > 0 {
+				return usageError{fmt.Sprintf("no help topic %q", strings.Join(args, " ")), "run 'dlock help' for the commands"}
+			}
+			return target.Help()
+		},
+		ValidArgsFunction: func(c *cobra.Command, args []string, _ string) ([]cobra.Completion, cobra.ShellCompDirective) {
+			var names []cobra.Completion
+			if len(args) == 0 {
+				for _, sub := range c.Root().Commands() {
+					if sub.IsAvailableCommand() {
+						names = append(names, sub.Name())
+					}
+				}
+			}
+			return names, cobra.ShellCompDirectiveNoFileComp
+		},
+	}
+}
+
+// usageCompletionCmd makes `dlock completion` without a shell, with one it does not know, or
+// with extra arguments a usage error: cobra's would print its help and succeed, and
+// `dlock completion bsah > /etc/bash_completion.d/dlock` would install the help text.
+func usageCompletionCmd(root *cobra.Command) {
+	root.InitDefaultCompletionCmd()
+	comp, _, err := root.Find([]string{"completion"})
+	if err != nil || comp == root {
+		return
+	}
+	comp.Args = cobra.ArbitraryArgs
+	comp.RunE = func(c *cobra.Command, args []string) error {
+		const hint = "dlock completion bash (or zsh, fish, powershell)"
+		if len(args) == 0 {
+			return usageError{"completion needs a shell", hint}
+		}
+		return usageError{fmt.Sprintf("no completion for shell %q", args[0]), hint}
+	}
+	for _, shell := range comp.Commands() {
+		shell.Args = noArgs
+	}
+}
+
+// versionCmd is `dlock version`.
 func versionCmd(stdout io.Writer) *cobra.Command {
 	return &cobra.Command{
 		Use:   "version",
@@ -87,6 +142,7 @@ type commonFlags struct {
 	prefix string
 }
 
+// addCommon adds --redis and --prefix to c and returns where they land.
 func addCommon(c *cobra.Command) *commonFlags {
 	f := &commonFlags{}
 	c.Flags().StringArrayVar(&f.redis, "redis", nil, "Redis URL (default $REDIS_URL); repeat it, 3 times or more, for a Redlock over independent masters")
@@ -133,7 +189,8 @@ type hinted struct {
 func (e hinted) Error() string { return e.err.Error() }
 func (e hinted) Unwrap() error { return e.err }
 
-// exitErr is an error with its own exit code (a signal's, a latch wait's timeout).
+// exitErr is an error with its own exit code: the command's own, 126/127, a signal's 128+N, a
+// latch wait's timeout.
 type exitErr struct {
 	code int
 	err  error
@@ -171,16 +228,22 @@ func report(err error, stderr io.Writer, codes exitCodes) int {
 	if errors.As(err, &h) && h.hint != "" {
 		fmt.Fprintf(stderr, "dlock: hint: %s\n", h.hint)
 	}
+	// Redis being down outranks what it caused: a wait that ran out while Redis did not
+	// answer matches ErrNotObtained too, and is no conflict.
 	var ee exitErr
 	switch {
 	case errors.As(err, &ee):
 		return ee.code
-	case errors.Is(err, dlock.ErrNotObtained):
-		return codes.conflict
-	case errors.Is(err, dlock.ErrLeaseLost):
-		return codes.lost
 	case errors.Is(err, dlock.ErrUnavailable):
 		return codes.unavailable
+	case errors.Is(err, dlock.ErrLeaseLost):
+		return codes.lost
+	case errors.Is(err, dlock.ErrNotObtained):
+		return codes.conflict
+	case errors.Is(err, dlock.ErrIncompatible):
+		return codes.err // the server cannot do what was asked (WAITAOF on Redis 7.0, ...)
+	case errors.Is(err, dlock.ErrInvalid):
+		return codes.usage // a bad lock name, found by the library
 	}
 	return codes.err
 }

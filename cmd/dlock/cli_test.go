@@ -18,6 +18,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/internal/redistest"
+	"github.com/redis/go-redis/v9"
 )
 
 // asCLI makes the test binary act as the dlock command (the demo re-runs it as workers too).
@@ -25,6 +26,7 @@ const asCLI = "DLOCK_TEST_AS_CLI"
 
 func TestMain(m *testing.M) {
 	if os.Getenv(asCLI) == "1" || (len(os.Args) > 1 && os.Args[1] == workerCommand) {
+		redis.SetLogger(quiet{}) // as main does
 		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 	}
 	os.Exit(redistest.Main(m))

@@ -29,7 +29,8 @@ func withAdmin(c *commonFlags, f func(ctx context.Context, dl *dlock.Client) err
 	return f(ctx, dl)
 }
 
-func statusCmd(stdout io.Writer) *cobra.Command {
+// statusCmd is `dlock status NAME`.
+func statusCmd(stdout io.Writer, cp *completer) *cobra.Command {
 	var asJSON bool
 	c := &cobra.Command{
 		Use:   "status [flags] NAME",
@@ -42,7 +43,7 @@ released; its name is forgotten a minute after its last use.`,
 		Args:    exactArgs(1, "dlock status orders:42"),
 	}
 	common := addCommon(c)
-	c.ValidArgsFunction = completeLockNames(common)
+	c.ValidArgsFunction = cp.lockNames(common)
 	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	c.RunE = func(_ *cobra.Command, args []string) error { return status(stdout, common, args[0], asJSON) }
 	return c
@@ -116,7 +117,8 @@ func cmpOr(a, b error) error {
 	return b
 }
 
-func listCmd(stdout io.Writer) *cobra.Command {
+// listCmd is `dlock list [PATTERN]`.
+func listCmd(stdout io.Writer, cp *completer) *cobra.Command {
 	var asJSON, held bool
 	c := &cobra.Command{
 		Use:   "list [flags] [PATTERN]",
@@ -129,6 +131,7 @@ out, or a latch counting.`,
 		Args:    rangeArgs(0, 1, "dlock list 'orders:*'"),
 	}
 	common := addCommon(c)
+	c.ValidArgsFunction = cp.lockNames(common)
 	c.Flags().BoolVar(&asJSON, "json", false, "print JSON, one object per line")
 	c.Flags().BoolVar(&held, "held", false, "only the locks held now")
 	c.RunE = func(_ *cobra.Command, args []string) error {
@@ -185,7 +188,8 @@ func list(stdout io.Writer, common *commonFlags, pattern string, asJSON, held bo
 	return tw.Flush()
 }
 
-func releaseCmd(stdout io.Writer) *cobra.Command {
+// releaseCmd is `dlock release --force NAME`.
+func releaseCmd(stdout io.Writer, cp *completer) *cobra.Command {
 	var force bool
 	c := &cobra.Command{
 		Use:   "release --force [flags] NAME",
@@ -197,7 +201,7 @@ locks; this needs --force.`,
 		Args:    exactArgs(1, "dlock release --force orders:42"),
 	}
 	common := addCommon(c)
-	c.ValidArgsFunction = completeLockNames(common)
+	c.ValidArgsFunction = cp.lockNames(common)
 	c.Flags().BoolVar(&force, "force", false, "break the lock whoever holds it (required)")
 	c.RunE = func(_ *cobra.Command, args []string) error {
 		if !force {

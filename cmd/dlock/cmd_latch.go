@@ -17,7 +17,7 @@ import (
 
 // latchCmd is `dlock latch set|down|wait|status NAME [N]`: a count-down latch for
 // shell-scripted start-up ordering (loaders count down, the service waits).
-func latchCmd(stdout io.Writer) *cobra.Command {
+func latchCmd(stdout io.Writer, cp *completer) *cobra.Command {
 	var ttl, wait time.Duration
 	c := &cobra.Command{
 		Use:   "latch [flags] set NAME N | down NAME | wait NAME | status NAME",
@@ -33,9 +33,18 @@ status prints its count.`,
 			}
 			return nil
 		},
-		ValidArgs: []cobra.Completion{"set", "down", "wait", "status"},
 	}
 	common := addCommon(c)
+	names := cp.lockNames(common)
+	c.ValidArgsFunction = func(c *cobra.Command, args []string, toComplete string) ([]cobra.Completion, cobra.ShellCompDirective) {
+		switch len(args) {
+		case 0:
+			return []cobra.Completion{"set", "down", "wait", "status"}, cobra.ShellCompDirectiveNoFileComp
+		case 1:
+			return names(c, nil, toComplete)
+		}
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
 	c.Flags().DurationVar(&ttl, "ttl", dlock.DefaultLatchTTL, "set, down: an abandoned latch disappears this long after its last set or down")
 	c.Flags().DurationVarP(&wait, "wait", "w", 0, "wait: give up after this long (default: wait forever), exit 75")
 	c.RunE = func(_ *cobra.Command, args []string) error {

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -23,7 +24,7 @@ import (
 // runCmd is `dlock run`: take the lock, run the command while renewing it, release it, and
 // exit with the command's code. If the lease is lost the command gets SIGTERM, then SIGKILL
 // after --grace, and dlock exits with the lost code.
-func runCmd(stdout, stderr io.Writer) *cobra.Command {
+func runCmd(stdout, stderr io.Writer, cp *completer) *cobra.Command {
 	o := &runOpts{}
 	c := &cobra.Command{
 		Use:   "run [flags] NAME -- COMMAND [ARGS...]",
@@ -49,7 +50,7 @@ Signals are forwarded to it; it is stopped if the lease is lost, and dies with d
 	c.SetHelpTemplate(c.HelpTemplate() + exitCodesHelp)
 	f := c.Flags()
 	o.common = addCommon(c)
-	c.ValidArgsFunction = completeLockNames(o.common)
+	c.ValidArgsFunction = cp.lockNames(o.common)
 	f.DurationVarP(&o.wait, "wait", "w", 0, "give up after waiting this long for the lock; 0 tries once (default: wait forever)")
 	f.BoolVarP(&o.noWait, "no-wait", "n", false, "try once, fail at once if the lock is held (same as --wait 0)")
 	f.BoolVarP(&o.quiet, "quiet", "q", false, "print nothing when the lock is held or --wait runs out (as flock -n)")
@@ -65,6 +66,7 @@ Signals are forwarded to it; it is stopped if the lease is lost, and dies with d
 	f.StringVar(&o.replicaAckAOF, "replica-ack-aof", "", "[local+]N[/TIMEOUT] or local[/TIMEOUT]: as --replica-ack, but N replicas (and the master, with local) fsynced it to their AOF (WAITAOF, Redis 7.2+); TIMEOUT defaults to "+defaultAOFAckTimeout.String()+" (appendfsync everysec)")
 	f.StringArrayVar(&o.locks, "lock", nil, "a lock to take, instead of NAME; repeat it: the locks are taken together, all or nothing")
 	f.SortFlags = false
+	_ = c.RegisterFlagCompletionFunc("lock", cp.flagLockNames(o.common))
 	return c
 }
 
@@ -114,6 +116,14 @@ func (o *runOpts) positional(c *cobra.Command, args []string) error {
 	default:
 		o.names = before
 	}
+	for i, n := range o.names {
+		switch {
+		case n == "":
+			return usageError{"run: empty lock name", example}
+		case slices.Contains(o.names[:i], n):
+			return usageError{fmt.Sprintf("run: lock %q given twice", n), "each --lock names another lock"}
+		}
+	}
 	if len(command) == 0 {
 		return usageError{"run needs a COMMAND after --", example}
 	}
@@ -124,9 +134,15 @@ func (o *runOpts) positional(c *cobra.Command, args []string) error {
 // validate refuses contradictory and out-of-range flags, before anything touches Redis.
 func (o *runOpts) validate(c *cobra.Command) error {
 	given := func(name string) bool { return c.Flags().Changed(name) }
+	// A flag is set when given, but a bool only when true: --read=false --write contradicts
+	// nothing.
+	set := func(name string) bool {
+		f := c.Flags().Lookup(name)
+		return f.Changed && (f.Value.Type() != "bool" || f.Value.String() == "true")
+	}
 	for _, pair := range [][2]string{{"read", "write"}, {"no-wait", "wait"}, {"replica-ack", "replica-ack-aof"},
 		{"conflict-exit-code", "exit-code-base"}} {
-		if given(pair[0]) && given(pair[1]) {
+		if set(pair[0]) && set(pair[1]) {
 			return usageError{fmt.Sprintf("--%s and --%s exclude each other", pair[0], pair[1]), "run 'dlock run -h' for what each does"}
 		}
 	}
@@ -137,12 +153,12 @@ func (o *runOpts) validate(c *cobra.Command) error {
 		return usageError{fmt.Sprintf("--ttl %v: must be at least %v", o.ttl, minRunTTL), "the default is " + dlock.DefaultTTL.String() + ", renewed while the command runs"}
 	case o.grace < 0:
 		return usageError{fmt.Sprintf("--grace %v: must not be negative", o.grace), ""}
-	case o.conflict < 0 || o.conflict > 255:
+	case !validExitCode(o.conflict):
 		return usageError{fmt.Sprintf("--conflict-exit-code %d: must be 0-255", o.conflict), "an exit status is one byte"}
-	case given("exit-code-base") && (o.exitBase < 1 || o.exitBase > maxExitBase):
+	case given("exit-code-base") && !validExitBase(o.exitBase):
 		return usageError{fmt.Sprintf("--exit-code-base %d: must be 1-%d, so that B+4 is an exit status", o.exitBase, maxExitBase), "--exit-code-base 200 gives 200-204"}
-	case given("permits") && o.permits < 1:
-		return usageError{fmt.Sprintf("--permits %d: must be at least 1", o.permits), "dlock run --permits 2 exports -- ./export-report"}
+	case given("permits") && (o.permits < 1 || o.permits > dlock.MaxPermits):
+		return usageError{fmt.Sprintf("--permits %d: must be 1-%d", o.permits, dlock.MaxPermits), "dlock run --permits 2 exports -- ./export-report"}
 	case len(o.names) > 1 && (o.read || o.write || o.permits > 0):
 		return usageError{"--read, --write and --permits take one lock NAME, not several --lock", "dlock run --read config:pricing -- ./serve"}
 	case o.permits > 0 && (o.read || o.write):
@@ -214,7 +230,8 @@ func (o *runOpts) run(stdout, stderr io.Writer) error {
 		return exitErr{128 + int(sig.(syscall.Signal)), fmt.Errorf("%v while waiting for lock %q", sig, name)}
 	}
 	if err != nil {
-		if errors.Is(err, dlock.ErrNotObtained) || errors.Is(err, context.DeadlineExceeded) {
+		// Redis not answering is not a conflict, even when the wait ran out meanwhile.
+		if !errors.Is(err, dlock.ErrUnavailable) && (errors.Is(err, dlock.ErrNotObtained) || errors.Is(err, context.DeadlineExceeded)) {
 			err = o.conflictError(name, err)
 		}
 		return err
@@ -321,7 +338,10 @@ func execError(name string, err error) error {
 		err = ee.Err // exec.Error repeats the name
 	}
 	code, hint := exitCannotExec, "check the command's permissions (chmod +x) and that it is a program or a script with #!"
-	if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
+	switch {
+	case errors.Is(err, exec.ErrDot):
+		hint = "it was found through . in $PATH, which Go refuses: give its path, as ./" + name
+	case errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist):
 		code, hint = exitNotFound, "check the command's name and $PATH, or give its full path"
 	}
 	return hinted{exitErr{code, fmt.Errorf("cannot run %q: %w", name, err)}, hint}
@@ -424,20 +444,12 @@ func (f funcLocker) TryLock(ctx context.Context) (*dlock.Lease, error) { return 
 var forwarded = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT,
 	syscall.SIGUSR1, syscall.SIGUSR2}
 
-// acquire takes the lock once (noWait) or waits for it, for at most wait when wait > 0. A
-// signal ends the wait and is returned; a lease already taken is returned with it, for the
+// acquire takes the lock once (once) or waits for it, for at most wait when wait > 0. A
+// signal ends the attempt and is returned; a lease already taken is returned with it, for the
 // caller to release.
-func acquire(m locker, noWait bool, wait time.Duration, sigs <-chan os.Signal) (*dlock.Lease, os.Signal, error) {
+func acquire(m locker, once bool, wait time.Duration, sigs <-chan os.Signal) (*dlock.Lease, os.Signal, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if noWait {
-		l, err := m.TryLock(ctx)
-		return l, nil, err
-	}
-	if wait > 0 {
-		ctx, cancel = context.WithTimeout(ctx, wait)
-		defer cancel()
-	}
 	caught := make(chan os.Signal, 1)
 	stopWatch, watched := make(chan struct{}), make(chan struct{})
 	go func() {
@@ -449,7 +461,18 @@ func acquire(m locker, noWait bool, wait time.Duration, sigs <-chan os.Signal) (
 		case <-stopWatch:
 		}
 	}()
-	l, err := m.Lock(ctx)
+	var l *dlock.Lease
+	var err error
+	switch {
+	case once: // a try can take a while too (Redis slow, a failover): a signal ends it
+		l, err = m.TryLock(ctx)
+	case wait > 0:
+		wctx, wcancel := context.WithTimeout(ctx, wait)
+		l, err = m.Lock(wctx)
+		wcancel()
+	default:
+		l, err = m.Lock(ctx)
+	}
 	close(stopWatch)
 	<-watched // from here on, signals go to the run loop only
 	select {
@@ -461,14 +484,29 @@ func acquire(m locker, noWait bool, wait time.Duration, sigs <-chan os.Signal) (
 }
 
 // stop ends the command (its process group when target < 0): SIGTERM, then SIGKILL after
-// grace.
+// grace. A group is stopped whole: its leader exiting early does not spare a child that
+// ignored SIGTERM, which would otherwise run on without the lock.
 func stop(target int, exited <-chan error, grace time.Duration) {
 	_ = syscall.Kill(target, syscall.SIGTERM)
+	deadline := time.After(grace)
 	select {
 	case <-exited:
-	case <-time.After(grace):
+	case <-deadline:
 		_ = syscall.Kill(target, syscall.SIGKILL)
 		<-exited
+		return
+	}
+	if target > 0 {
+		return
+	}
+	// No event tells when the last of a group exits: look every 10ms until the deadline.
+	for syscall.Kill(target, 0) == nil {
+		select {
+		case <-deadline:
+			_ = syscall.Kill(target, syscall.SIGKILL)
+			return
+		case <-time.After(10 * time.Millisecond):
+		}
 	}
 }
 

@@ -72,6 +72,7 @@ var scenarios = map[string]*scenario{
 
 const scenarioOrder = "tickets seckill cron counter prices transfer exports sale"
 
+// demoCmd is `dlock demo [SCENARIO|all]`.
 func demoCmd(stdout, stderr io.Writer) *cobra.Command {
 	var redisURL string
 	c := &cobra.Command{
