@@ -12,7 +12,7 @@ import (
 )
 
 // Shell completion comes from cobra: `dlock completion bash|zsh|fish` prints the script, and
-// the shell calls back `dlock __complete ARGS...` for each completion. completeLockNames adds
+// the shell calls back `dlock __complete ARGS...` for each completion. A completer adds
 // the lock names Redis has state for.
 
 // completionTimeout bounds the Redis round trip of one completion: a shell waits on it.
