@@ -17,7 +17,10 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 )
 
-func TestMain(m *testing.M) { os.Exit(redistest.Main(m)) }
+func TestMain(m *testing.M) {
+	// Examples connect through REDIS_URL, as a program would; point it at the shared server.
+	os.Exit(redistest.Main(m, func(s *redistest.Server) { os.Setenv("REDIS_URL", s.URL()) }))
+}
 
 // Spans and metrics of a Lock, a TryLock refused by another owner and an Unlock, through the
 // SDK's in-memory span recorder and a manual metric reader: each call is a span, a child of

@@ -23,7 +23,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
-func TestMain(m *testing.M) { os.Exit(redistest.Main(m)) }
+func TestMain(m *testing.M) {
+	// Examples connect through REDIS_URL, as a program would; point it at the shared server.
+	os.Exit(redistest.Main(m, func(s *redistest.Server) { os.Setenv("REDIS_URL", s.URL()) }))
+}
 
 // waitFor polls cond every 5ms for 5s (the watchdog's renewals, the loss push: events that
 // come on their own time).

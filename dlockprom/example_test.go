@@ -1,8 +1,12 @@
 package dlockprom_test
 
 import (
+	"context"
+	"fmt"
 	"log"
 	"net/http"
+	"os"
+	"strings"
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/dlockprom"
@@ -30,4 +34,40 @@ func Example() {
 		// ... make the report under l.Context() ...
 	})
 	log.Fatal(http.ListenAndServe(":8080", nil))
+}
+
+// New makes the metrics; its Observer feeds them. Here one Lock and one refused TryLock,
+// read back as the calls counter Prometheus would scrape.
+func ExampleNew() {
+	ctx := context.Background()
+	opt, _ := redis.ParseURL(os.Getenv("REDIS_URL")) // in a real program: the client it already has
+	rdb := redis.NewClient(opt)
+	defer rdb.Close()
+	m := dlockprom.New()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(m)
+	c := dlock.New(rdb, dlock.WithObserver(m.Observer()))
+	defer c.Close(ctx)
+
+	l, _ := c.Mutex("example:metrics").Lock(ctx)
+	_, _ = c.Mutex("example:metrics", dlock.WithoutCohort()).TryLock(ctx) // another owner
+	_ = l.Unlock(ctx)
+
+	families, _ := reg.Gather()
+	for _, f := range families {
+		if f.GetName() != "dlock_calls_total" {
+			continue
+		}
+		for _, s := range f.GetMetric() {
+			var labels []string
+			for _, p := range s.GetLabel() {
+				labels = append(labels, p.GetValue())
+			}
+			fmt.Println(strings.Join(labels, " "), s.GetCounter().GetValue())
+		}
+	}
+	// Output:
+	// mutex Lock ok 1
+	// mutex TryLock not_obtained 1
+	// mutex Unlock ok 1
 }
