@@ -34,6 +34,10 @@ type LockInfo struct {
 	PermitsOut int `json:"permits_out,omitempty"`
 	// Count is a counting latch's count (Kind "latch"); a latch at zero has no state.
 	Count int `json:"count,omitempty"`
+	// Recent is set when the lock is not held but Redis still keeps its recent use (its op
+	// log, for a minute after its last call). A lock neither Held nor Recent, without
+	// Waiters, has no state in Redis at all: never taken, or idle past that clean-up window.
+	Recent bool `json:"recent,omitempty"`
 	// Foreign is set when the lock's key holds something dlock did not write in its current
 	// layout: a value of another type, or a lock of another dlock version.
 	Foreign bool `json:"foreign,omitempty"`
@@ -62,13 +66,14 @@ func (c *Client) Inspect(ctx context.Context, name string) (LockInfo, error) {
 	}
 	k := lockKeys(c.cfg.keyPrefix(), name)
 	var fields *redis.MapStringStringCmd
-	var exists, waiters *redis.IntCmd
+	var exists, waiters, recent *redis.IntCmd
 	var pttl *redis.DurationCmd
 	_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		exists = p.Exists(ctx, k.lock)
 		fields = p.HGetAll(ctx, k.lock)
 		pttl = p.PTTL(ctx, k.lock)
 		waiters = p.ZCard(ctx, k.queue)
+		recent = p.Exists(ctx, k.opLog)
 		return nil
 	})
 	if err != nil && !isRedisReply(fields.Err()) {
@@ -76,6 +81,7 @@ func (c *Client) Inspect(ctx context.Context, name string) (LockInfo, error) {
 	}
 	info := LockInfo{Name: name, Waiters: int(waiters.Val())}
 	if exists.Val() == 0 {
+		info.Recent = recent.Val() > 0
 		return info, nil
 	}
 	info.Held, info.TTL = true, pttl.Val()

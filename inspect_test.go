@@ -64,3 +64,38 @@ func TestInspectListAndForceRelease(t *testing.T) {
 		t.Fatalf("ForceRelease of a free lock = %v, %v", broke, err)
 	}
 }
+
+// Inspect tells a lock used lately (Recent: its op log is still in Redis) from one with no
+// state at all (never taken, or idle past the op log's window); a held lock is not Recent.
+func TestInspectTellsRecentUseFromNoState(t *testing.T) {
+	dlock.SetOpLogTTL(t, 300*time.Millisecond)
+	c, _ := newClient(t, dlock.WithoutCohort())
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	if info, err := c.Inspect(ctx, name); err != nil || info.Held || info.Recent {
+		t.Fatalf("never-taken lock: %+v, %v; want neither held nor recent", info, err)
+	}
+	l, err := c.Mutex(name).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info, err := c.Inspect(ctx, name); err != nil || !info.Held || info.Recent {
+		t.Fatalf("held lock: %+v, %v; want held, not recent", info, err)
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := c.Inspect(ctx, name); err != nil || info.Held || !info.Recent {
+		t.Fatalf("lock just released: %+v, %v; want recent", info, err)
+	}
+	// The op log expires on Redis' own clock: no event to wait on.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		info, err := c.Inspect(ctx, name)
+		if err == nil && !info.Recent && !info.Held {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("lock idle past its op log's window: %+v, %v; want no state", info, err)
+		}
+	}
+}

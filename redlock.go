@@ -594,6 +594,7 @@ func (r *redlock) inspect(ctx context.Context, name string) (LockInfo, error) {
 		answered++
 		info.Waiters = max(info.Waiters, m.Waiters)
 		info.Foreign = info.Foreign || m.Foreign
+		info.Recent = info.Recent || m.Recent || m.Held // used lately on one master at least
 		if m.Held && m.Owner != "" {
 			owner := callOwner(m.Owner)
 			byOwner[owner] = append(byOwner[owner], m)
@@ -612,6 +613,7 @@ func (r *redlock) inspect(ctx context.Context, name string) (LockInfo, error) {
 		slices.Sort(ttls)
 		info.TTL = ttls[len(ttls)-r.quorum]
 	}
+	info.Recent = info.Recent && !info.Held
 	if answered < r.quorum {
 		return info, fmt.Errorf("%w: inspect %q: %d of %d masters answered, a quorum is %d: %w", ErrUnavailable, name, answered, len(r.nodes), r.quorum, join(errs...))
 	}

@@ -249,6 +249,22 @@ func TestListHeld(t *testing.T) {
 	}
 }
 
+// status tells a lock used lately from one with no state in Redis.
+func TestStatusOfALockWithNoState(t *testing.T) {
+	name := uniqueName(t)
+	code, out, _ := runDlock(t, "status", name)
+	if code != 0 || !strings.Contains(out, "free: no state in Redis (never taken, or idle past the clean-up window)") {
+		t.Errorf("status of a never-taken lock: exit %d\n%s", code, out)
+	}
+	if code, _, errs := runDlock(t, "run", name, "--", "true"); code != 0 {
+		t.Fatalf("run: exit %d: %s", code, errs)
+	}
+	code, out, _ = runDlock(t, "status", name)
+	if code != 0 || !strings.Contains(out, "free (used within the last minute)") {
+		t.Errorf("status of a lock just released: exit %d\n%s", code, out)
+	}
+}
+
 func TestVersion(t *testing.T) {
 	code, out, _ := runDlock(t, "version")
 	if code != 0 || !strings.HasPrefix(out, "dlock ") || !strings.Contains(out, "go1.") || !strings.Contains(out, "go-redis v9.") {

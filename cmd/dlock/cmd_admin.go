@@ -37,8 +37,8 @@ func statusCmd(stdout io.Writer, cp *completer) *cobra.Command {
 		Short: "Show a lock: held or free, owner, TTL, fencing token, waiters",
 		Long: `Show a lock's state in Redis: held or free, its owner, TTL, fencing token and waiters; a
 read-write lock's readers, a semaphore's permits, a latch's count; for a Redlock, each
-master's state. A free lock has no holder state in Redis: it was never taken, or was
-released; its name is forgotten a minute after its last use.`,
+master's state. A free lock says whether it was used within the last minute; after that it
+has no state in Redis at all, as if never taken.`,
 		Example: "  dlock status orders:42\n  dlock status --json orders:42",
 		Args:    exactArgs(1, "dlock status orders:42"),
 	}
@@ -85,7 +85,11 @@ func status(stdout io.Writer, common *commonFlags, name string, asJSON bool) err
 		}
 		fmt.Fprintf(tw, "state:\theld\nowner:\t%s\nhold count:\t%d\nttl:\t%s\ntoken:\t%d\n", info.Owner, info.HoldCount, fmtTTL(info.TTL), info.Token)
 	default:
-		fmt.Fprintf(tw, "state:\tfree (no holder in Redis: never taken, or released)\n")
+		if info.Recent || info.Waiters > 0 {
+			fmt.Fprintf(tw, "state:\tfree (used within the last minute)\n")
+		} else {
+			fmt.Fprintf(tw, "state:\tfree: no state in Redis (never taken, or idle past the clean-up window)\n")
+		}
 	}
 	fmt.Fprintf(tw, "waiters:\t%d\n", info.Waiters)
 	return cmpOr(tw.Flush(), err)
