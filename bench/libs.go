@@ -25,11 +25,30 @@ import (
 	"github.com/redis/rueidis/rueidislock"
 )
 
-// libNames lists every library in report order. pg runs only when PG_URL is set.
+// libNames lists every library in report order. pg, etcd and zookeeper run only when their
+// server is given (optionalEnv).
 var libNames = []string{
 	"dlock", "dlock-nocohort", "redsync", "redsync-1ms", "redislock-100ms", "redislock-1ms",
-	"rueidislock", "pg", "raw",
+	"rueidislock", "pg", "etcd", "zookeeper", "raw",
 }
+
+// optionalEnv names the environment variable that gives an optional peer its server, or ""
+// for the libraries that always run (on the bench's own Redis).
+func optionalEnv(lib string) string {
+	switch {
+	case strings.HasPrefix(lib, "pg"):
+		return "PG_URL"
+	case lib == "etcd":
+		return "ETCD_URL"
+	case lib == "zookeeper":
+		return "ZK_ADDR"
+	}
+	return ""
+}
+
+// usesRedisLock reports whether the library locks in Redis (pg, etcd and zookeeper do not:
+// the Redis columns count only their critical sections).
+func usesRedisLock(lib string) bool { return optionalEnv(lib) == "" }
 
 // isPeer reports whether name is a library dlock is compared against (not dlock itself, not
 // the unsafe raw floor).
@@ -48,6 +67,8 @@ type env struct {
 	redisURL string
 	rdb      *redis.Client // the process's go-redis client (also used for critical sections)
 	pgURL    string
+	etcdURL  string
+	zkAddr   string
 	masters  []*redis.Client // replication runs: independent masters, the main server first
 	ackRdb   *redis.Client   // replication runs: a master with a replica
 }
@@ -70,6 +91,9 @@ func newLib(name string, e *env) (lib, error) {
 		return l, nil
 	}
 	if l, err := newReplLib(name, e); l != nil || err != nil {
+		return l, err
+	}
+	if l, err := newConsensusLib(name, e); l != nil || err != nil {
 		return l, err
 	}
 	switch name {

@@ -1,9 +1,12 @@
 // Command bench compares dlock with other Go distributed locks on Redis (and PostgreSQL
-// advisory locks when PG_URL is set), across real OS processes.
+// advisory locks when PG_URL is set, etcd's concurrency.Mutex when ETCD_URL is set and
+// ZooKeeper's lock recipe when ZK_ADDR is set), across real OS processes.
 //
 //	cd bench && go run . -out ../docs              # full suite (-duration 4s per run)
 //	cd bench && go run . -quick -out /tmp/bench    # smoke test, ~1s per run
 //	cd bench && go run . -only 'contended-8x1/(dlock|redsync)$'
+//	bash bench/with-postgres.sh -out ../docs  # with a throwaway PostgreSQL
+//	bash bench/with-consensus.sh -out ../docs # with throwaway etcd, ZooKeeper and PostgreSQL
 //
 // It starts a throwaway redis-server on a loopback port unless REDIS_URL is set, and writes
 // bench.jsonl, BENCHMARKS.md and chart.png into -out.
@@ -46,7 +49,9 @@ func main() {
 	flag.Usage = func() {
 		fmt.Fprintf(os.Stderr, "usage: go run . [-out DIR] [-duration D] [-quick] [-only REGEXP]\n"+
 			"  env REDIS_URL: use this Redis (loopback) instead of a throwaway redis-server\n"+
-			"  env PG_URL:    also benchmark PostgreSQL advisory locks (loopback or unix socket)\n\n")
+			"  env PG_URL:    also benchmark PostgreSQL advisory locks (loopback or unix socket)\n"+
+			"  env ETCD_URL:  also benchmark etcd's concurrency.Mutex (client URLs, loopback)\n"+
+			"  env ZK_ADDR:   also benchmark ZooKeeper's lock recipe (host:port, loopback)\n\n")
 		flag.VisitAll(func(f *flag.Flag) {
 			if f.Name != "worker" {
 				fmt.Fprintf(os.Stderr, "  -%s\t%s (default %q)\n", f.Name, f.Usage, f.DefValue)
@@ -72,7 +77,7 @@ func main() {
 		fatalf("%v", err)
 	}
 	defer d.close()
-	runs := plan(re, d.pgURL != "")
+	runs := plan(re, d.enabled)
 	if len(runs) == 0 {
 		fatalf("-only %q selects no run", *only)
 	}
@@ -82,7 +87,7 @@ func main() {
 	d.runAll(runs)
 	rep := &report{
 		machine: d.machine, command: commandLine(), date: time.Now().UTC(),
-		duration: *dur, results: d.results, pg: d.pgURL != "",
+		duration: *dur, results: d.results, pg: d.pgURL != "", etcd: d.etcdURL != "", zk: d.zkAddr != "",
 	}
 	md := rep.markdown()
 	if err := writeOutputs(*out, rep, md); err != nil {
@@ -112,6 +117,12 @@ func commandLine() string {
 	}
 	if u := os.Getenv("PG_URL"); u != "" {
 		env = append(env, "PG_URL="+redactURL(u))
+	}
+	if u := os.Getenv("ETCD_URL"); u != "" {
+		env = append(env, "ETCD_URL="+redactURL(u))
+	}
+	if a := os.Getenv("ZK_ADDR"); a != "" {
+		env = append(env, "ZK_ADDR="+a)
 	}
 	parts := append(env, "go", "run", ".")
 	for _, a := range os.Args[1:] {
@@ -144,6 +155,8 @@ type driver struct {
 	opt      *redis.Options
 	stats    *redis.Client // the driver's own connection: INFO, counters, clean-up
 	pgURL    string
+	etcdURL  string // ETCD_URL: the etcd peer runs
+	zkAddr   string // ZK_ADDR: the zookeeper peer runs
 	dur      time.Duration
 	tmp      string
 	began    time.Time
@@ -153,7 +166,8 @@ type driver struct {
 }
 
 func newDriver(dur time.Duration) (*driver, error) {
-	d := &driver{dur: dur, began: time.Now(), pgURL: os.Getenv("PG_URL")}
+	d := &driver{dur: dur, began: time.Now(), pgURL: os.Getenv("PG_URL"), etcdURL: os.Getenv("ETCD_URL"),
+		zkAddr: os.Getenv("ZK_ADDR")}
 	var err error
 	if d.self, err = os.Executable(); err != nil {
 		return nil, err
@@ -195,6 +209,18 @@ func newDriver(dur time.Duration) (*driver, error) {
 		}
 	}
 	d.machine = gatherMachine(ctx, d.stats)
+	if d.etcdURL != "" {
+		if d.machine.EtcdVersion, err = checkEtcd(ctx, d.etcdURL); err != nil {
+			d.close()
+			return nil, err
+		}
+	}
+	if d.zkAddr != "" {
+		if d.machine.ZKVersion, err = checkZK(d.zkAddr); err != nil {
+			d.close()
+			return nil, err
+		}
+	}
 	return d, nil
 }
 
@@ -230,6 +256,19 @@ func checkPG(ctx context.Context, pgURL string) error {
 		return fmt.Errorf("PG_URL: %w (see BENCHMARKS.md or main.go for how to start a local PostgreSQL)", err)
 	}
 	return conn.Close(ctx)
+}
+
+// enabled reports whether a library runs: the optional peers only when their server is given.
+func (d *driver) enabled(lib string) bool {
+	switch optionalEnv(lib) {
+	case "PG_URL":
+		return d.pgURL != ""
+	case "ETCD_URL":
+		return d.etcdURL != ""
+	case "ZK_ADDR":
+		return d.zkAddr != ""
+	}
+	return true
 }
 
 func (d *driver) close() {
@@ -440,6 +479,7 @@ func (d *driver) runLoop(idx int, pr plannedRun) *runResult {
 		DurationS: d.dur.Seconds()}
 	prefix := fmt.Sprintf("bench-%02d-%s", idx, randHex(3))
 	defer d.cleanup(prefix)
+	defer d.cleanupConsensus(pr.lib, prefix) // after the workers are gone (deferred below)
 	ws := make([]*workerProc, sc.Procs)
 	defer finishAll(ws, 5*time.Second) // a no-op when the run got that far itself
 	paths := make([]string, sc.Procs)
@@ -461,6 +501,7 @@ func (d *driver) runLoop(idx int, pr plannedRun) *runResult {
 	for i := range ws {
 		paths[i] = filepath.Join(d.tmp, fmt.Sprintf("%s-%d.gob", prefix, i))
 		w, err := d.spawn(workerSpec{Mode: modeLoop, Lib: pr.lib, RedisURL: d.redisURL, PGURL: d.pgURL,
+			EtcdURL: d.etcdURL, ZKAddr: d.zkAddr,
 			Proc: i, Goroutines: sc.Goroutines, Keying: sc.Keying, CS: sc.CS, Workload: sc.Workload, Prefix: prefix,
 			Duration: d.dur, ResultPath: paths[i], Masters: masters, AckURL: ackURL})
 		if err != nil {

@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"regexp"
-	"strings"
 	"time"
 )
 
@@ -36,7 +35,7 @@ type scenario struct {
 }
 
 var contendedLibs = []string{"dlock", "dlock-nocohort", "redsync", "redsync-1ms", "redislock-100ms",
-	"redislock-1ms", "rueidislock", "pg"}
+	"redislock-1ms", "rueidislock", "pg", "etcd", "zookeeper"}
 
 var allLibs = append(append([]string(nil), contendedLibs...), "raw")
 
@@ -95,10 +94,11 @@ type plannedRun struct {
 func (p plannedRun) name() string { return p.id + "/" + p.lib }
 
 // plan lists the runs to do, in order: throughput scenarios, then killed waiter, then memory.
-func plan(only *regexp.Regexp, havePG bool) []plannedRun {
+// enabled leaves out the optional peers whose server was not given.
+func plan(only *regexp.Regexp, enabled func(lib string) bool) []plannedRun {
 	var out []plannedRun
 	add := func(sc *scenario, id, lib string) {
-		if strings.HasPrefix(lib, "pg") && !havePG {
+		if !enabled(lib) {
 			return
 		}
 		r := plannedRun{sc: sc, id: id, lib: lib}

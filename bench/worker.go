@@ -37,6 +37,8 @@ type workerSpec struct {
 	Lib        string        `json:"lib"`
 	RedisURL   string        `json:"redis_url"`
 	PGURL      string        `json:"pg_url,omitempty"`
+	EtcdURL    string        `json:"etcd_url,omitempty"`
+	ZKAddr     string        `json:"zk_addr,omitempty"`
 	Proc       int           `json:"proc"`
 	Goroutines int           `json:"goroutines"`
 	Keying     string        `json:"keying"`
@@ -172,7 +174,7 @@ func loopWorker(spec workerSpec, in *bufio.Scanner) error {
 		return fail(err)
 	}
 	defer rdb.Close()
-	e := &env{redisURL: spec.RedisURL, rdb: rdb, pgURL: spec.PGURL}
+	e := &env{redisURL: spec.RedisURL, rdb: rdb, pgURL: spec.PGURL, etcdURL: spec.EtcdURL, zkAddr: spec.ZKAddr}
 	setupCtx, cancelSetup := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancelSetup()
 	closeRepl, err := connectRepl(setupCtx, spec, e, spec.Goroutines+8)
