@@ -1,7 +1,7 @@
 # dlock: `make demo` and `make test` do all set-up on a fresh Debian machine with Go.
 GO ?= go
 
-.PHONY: demo test test-ha bench bench-pg flashsale safety build redis-server prometheus clean
+.PHONY: demo test test-ha bench bench-pg bench-all flashsale safety build redis-server prometheus clean
 
 # redis-server is needed by the tests and by the demo's throwaway server; the failover tests
 # also build a small clock-offset shim with the C compiler.
@@ -57,6 +57,12 @@ bench: redis-server
 # The same with PostgreSQL advisory locks (a throwaway server from Debian's postgresql).
 bench-pg: redis-server
 	bench/with-postgres.sh -out ../docs
+
+# The same with PostgreSQL advisory locks, etcd's concurrency.Mutex and ZooKeeper's lock
+# recipe too (throwaway servers from Debian's postgresql, etcd-server and zookeeper packages),
+# for the seeds' ranking "database < ZooKeeper < Redis". Needs root (apt-get, su).
+bench-all: redis-server
+	bench/with-consensus.sh -out ../docs
 
 # The seeds' flash sale as an HTTP service under a vegeta load (examples/flashsale, its own
 # module): 1,000 users x 5 clicks for 500 items, without a lock, with dlock, redsync,
