@@ -103,7 +103,7 @@ func ExampleLeaseEnd() {
 	// broken: lost true
 }
 
-// A Renewal is one watchdog renewal: every TTL/3 while a lease is held.
+// A Renewal is one watchdog renewal: every TTL/4 while a lease is held.
 func ExampleRenewal() {
 	ctx := context.Background()
 	opt, _ := redis.ParseURL(os.Getenv("REDIS_URL")) // in a real program: the client it already has

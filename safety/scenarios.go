@@ -129,7 +129,7 @@ var scenarios = []scenario{
 		About: "the default mode under F4's partitions and resets, holders working TTL/2 with an Extend half-way"},
 	{Name: "notify-fenced", Workload: "fenced", Fault: "notify", Default: true, Goroutines: 2, Renew: true, TTL: 2 * time.Second, WorkTTL: 0.3,
 		OpTimeout: 10 * time.Second, FullDur: 90 * time.Second, QuickDur: 2500 * time.Millisecond, Guarantee: all,
-		About: "every 0.2-0.6s the nemesis kills the lock Redis's dlock-notify connections of one kind (tracking and pub/sub alternately), force-releases a held lock (ForceRelease or a plain DEL, alternately), or both, the force right after the kill: a holder must see the loss across the reconnect, and the kills alone must end no lease; TTL 2s, so the watchdog (every TTL/3) does not find a loss first as a rule"},
+		About: "every 0.2-0.6s the nemesis kills the lock Redis's dlock-notify connections of one kind (tracking and pub/sub alternately), force-releases a held lock (ForceRelease or a plain DEL, alternately), or both, the force right after the kill: a holder must see the loss across the reconnect, and the kills alone must end no lease; TTL 2s, so the watchdog (every TTL/4) does not find a loss first as a rule"},
 	{Name: "cluster-failover-fenced", Workload: "fenced", Fault: "cluster-failover", Cluster: true, Default: true, Renew: true, TTL: 2 * time.Second,
 		WorkTTL: 0.25, OpTimeout: 10 * time.Second, QuickDur: 2 * time.Second, Guarantee: all,
 		About: "locks on a Redis Cluster (3 masters, 3 replicas, node timeout 1s), go-redis ClusterClient: graceful CLUSTER FAILOVER on the replica of a master that owns one of the locks, about every second; the replica catches up first, so every guarantee holds and no lease may end while its hold survives"},

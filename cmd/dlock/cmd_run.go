@@ -29,7 +29,7 @@ func runCmd(stdout, stderr io.Writer, cp *completer) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "run [flags] NAME -- COMMAND [ARGS...]",
 		Short: "Run a command while holding a lock",
-		Long: `Run COMMAND while holding the lock NAME, renewing it every TTL/3, and release it when the
+		Long: `Run COMMAND while holding the lock NAME, renewing it every TTL/4, and release it when the
 command exits. Several --lock NAMEs (instead of NAME) are taken together, all or nothing;
 --read or --write take NAME as a read-write lock; --permits N takes one of N permits.
 
@@ -54,7 +54,7 @@ Signals are forwarded to it; it is stopped if the lease is lost, and dies with d
 	f.DurationVarP(&o.wait, "wait", "w", 0, "give up after waiting this long for the lock; 0 tries once (default: wait forever)")
 	f.BoolVarP(&o.noWait, "no-wait", "n", false, "try once, fail at once if the lock is held (same as --wait 0)")
 	f.BoolVarP(&o.quiet, "quiet", "q", false, "print nothing when the lock is held or --wait runs out (as flock -n)")
-	f.DurationVar(&o.ttl, "ttl", dlock.DefaultTTL, "lease TTL, at least "+minRunTTL.String()+"; renewed every TTL/3 while the command runs")
+	f.DurationVar(&o.ttl, "ttl", dlock.DefaultTTL, "lease TTL, at least "+minRunTTL.String()+"; renewed every TTL/4 while the command runs")
 	f.IntVarP(&o.conflict, "conflict-exit-code", "E", exitConflict, "exit code when the lock is not obtained (0-255)")
 	f.IntVar(&o.exitBase, "exit-code-base", 0, "move dlock's own exit codes to B..B+4 (1-"+strconv.Itoa(maxExitBase)+"), out of the command's range")
 	f.StringVar(&o.owner, "owner", "", "owner id (default: random); processes with the same id re-enter the lock")
