@@ -136,9 +136,24 @@ type loopResult struct {
 	shardCPU []float64
 }
 
+// serverLoop starts a redis-server of cfg and runs loop on it with a WithoutCohort Client.
+func serverLoop(ctx context.Context, cfg redisserver.Config, p prim, workers int) loopResult {
+	s, err := redisserver.Start(cfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer s.Stop()
+	rdb, admin := s.Client(), s.Client()
+	defer rdb.Close()
+	defer admin.Close()
+	c := dlock.New(rdb, dlock.WithoutCohort())
+	defer c.Close(ctx)
+	return loop(ctx, c, []*redis.Client{admin}, p, "cpu:", *loopDur, workers)
+}
+
 // loop runs workers goroutines acquiring and releasing fresh names for d, measuring the
 // servers in admins (summed).
-func loop(ctx context.Context, c *dlock.Client, admins []*redis.Client, p prim, prefix string, d time.Duration) loopResult {
+func loop(ctx context.Context, c *dlock.Client, admins []*redis.Client, p prim, prefix string, d time.Duration, workers int) loopResult {
 	// warm up: scripts loaded, connections open
 	for i := range 20 {
 		rel, err := p.acquire(ctx, c, prefix+"warm:", i)
@@ -156,7 +171,7 @@ func loop(ctx context.Context, c *dlock.Client, admins []*redis.Client, p prim, 
 	stop := time.Now().Add(d)
 	start := time.Now()
 	var wg sync.WaitGroup
-	for range *workers {
+	for range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -404,56 +419,17 @@ func main() {
 		fmt.Fprintf(os.Stderr, "%s: memory...\n", p.name)
 		mems[i] = memory(ctx, p)
 		fmt.Fprintf(os.Stderr, "%s: CPU loop...\n", p.name)
-		s, err := redisserver.Start(redisserver.Config{})
-		if err != nil {
-			log.Fatal(err)
-		}
-		rdb, admin := s.Client(), s.Client()
-		c := dlock.New(rdb, dlock.WithoutCohort())
-		loops[i] = loop(ctx, c, []*redis.Client{admin}, p, "cpu:", *loopDur)
-		_ = c.Close(ctx)
-		rdb.Close()
-		admin.Close()
-		s.Stop()
+		loops[i] = serverLoop(ctx, redisserver.Config{}, p, *workers)
 	}
 
 	// The single-server Mutex loop over TCP: the Cluster's transport, for a like comparison.
 	fmt.Fprintf(os.Stderr, "Mutex over TCP: CPU loop...\n")
-	var tcpLoop loopResult
-	{
-		s, err := redisserver.Start(redisserver.Config{TCP: true})
-		if err != nil {
-			log.Fatal(err)
-		}
-		rdb, admin := s.Client(), s.Client()
-		c := dlock.New(rdb, dlock.WithoutCohort())
-		tcpLoop = loop(ctx, c, []*redis.Client{admin}, prims[0], "cpu:", *loopDur)
-		_ = c.Close(ctx)
-		rdb.Close()
-		admin.Close()
-		s.Stop()
-	}
+	tcpLoop := serverLoop(ctx, redisserver.Config{TCP: true}, prims[0], *workers)
 
 	// The same at a third of the concurrency: what each of 3 masters sees of the 8 goroutines.
 	fmt.Fprintf(os.Stderr, "Mutex over TCP, fewer goroutines: CPU loop...\n")
-	var thirdLoop loopResult
 	third := max(1, *workers / *clusterN)
-	{
-		s, err := redisserver.Start(redisserver.Config{TCP: true})
-		if err != nil {
-			log.Fatal(err)
-		}
-		rdb, admin := s.Client(), s.Client()
-		c := dlock.New(rdb, dlock.WithoutCohort())
-		w := *workers
-		*workers = third
-		thirdLoop = loop(ctx, c, []*redis.Client{admin}, prims[0], "cpu:", *loopDur)
-		*workers = w
-		_ = c.Close(ctx)
-		rdb.Close()
-		admin.Close()
-		s.Stop()
-	}
+	thirdLoop := serverLoop(ctx, redisserver.Config{TCP: true}, prims[0], third)
 
 	// A one-node Cluster: the cost of cluster mode itself, apart from sharding.
 	fmt.Fprintf(os.Stderr, "1-node Cluster: CPU loop...\n")
@@ -466,7 +442,7 @@ func main() {
 		admin := s.Client()
 		cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{s.Addr}})
 		c := dlock.New(cc, dlock.WithoutCohort())
-		oneLoop = loop(ctx, c, []*redis.Client{admin}, prims[0], "cpu:", *loopDur)
+		oneLoop = loop(ctx, c, []*redis.Client{admin}, prims[0], "cpu:", *loopDur, *workers)
 		_ = c.Close(ctx)
 		cc.Close()
 		admin.Close()
@@ -488,7 +464,7 @@ func main() {
 	}
 	cc := cl.Client()
 	ccl := dlock.New(cc, dlock.WithoutCohort())
-	clLoop := loop(ctx, ccl, admins, prims[0], "cpu:", *loopDur)
+	clLoop := loop(ctx, ccl, admins, prims[0], "cpu:", *loopDur, *workers)
 	_ = ccl.Close(ctx)
 	cc.Close()
 	for _, a := range admins {
