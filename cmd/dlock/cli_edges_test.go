@@ -16,7 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/internal/redistest"
 )
 
@@ -73,12 +72,8 @@ func TestWaitRunningOutWhileRedisIsDownIsNotAConflict(t *testing.T) {
 	srv := redistest.StartT(t, redistest.Config{})
 	rdb := srv.Client()
 	defer rdb.Close()
-	c := dlock.New(rdb, dlock.WithoutCohort())
-	defer c.Close(context.Background())
 	name := uniqueName(t)
-	if _, err := c.Mutex(name).Lock(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	c := holdLockOn(t, rdb, name)
 	cmd := dlockCmd(t, "run", "--redis", srv.URL(), "--wait", "3s", "--quiet", name, "--", "true")
 	var errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &errb, &errb
@@ -147,12 +142,8 @@ func TestSignalDuringTryOnceEndsIt(t *testing.T) {
 	srv := redistest.StartT(t, redistest.Config{})
 	rdb := srv.Client()
 	defer rdb.Close()
-	c := dlock.New(rdb, dlock.WithoutCohort())
-	defer c.Close(context.Background())
 	name := uniqueName(t)
-	if _, err := c.Mutex(name).Lock(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	holdLockOn(t, rdb, name)
 	for _, flags := range [][]string{{"--wait", "10s"}, {"--wait", "0"}, {"--no-wait"}} {
 		if err := rdb.Do(context.Background(), "CLIENT", "PAUSE", 2000, "WRITE").Err(); err != nil {
 			t.Fatal(err)

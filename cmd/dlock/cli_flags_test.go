@@ -7,21 +7,31 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/internal/redistest"
+	"github.com/redis/go-redis/v9"
 )
 
-// holdLock holds name from this test process (another owner than any dlock run) until the
-// test ends.
-func holdLock(t *testing.T, name string) {
+// holdLock holds name on the shared server from this test process (another owner than any
+// dlock run) until the test ends.
+func holdLock(t *testing.T, name string) { holdLockOn(t, redistest.Client(t), name) }
+
+// holdLockOn holds name on rdb's server until the test ends, and returns the Client holding
+// it. Its Close releases the lock, bounded in time: the test may have killed the server.
+func holdLockOn(t *testing.T, rdb redis.UniversalClient, name string) *dlock.Client {
 	t.Helper()
-	c := dlock.New(redistest.Client(t), dlock.WithoutCohort())
-	l, err := c.Mutex(name).Lock(context.Background())
-	if err != nil {
+	c := dlock.New(rdb, dlock.WithoutCohort())
+	if _, err := c.Mutex(name).Lock(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = l.Unlock(context.Background()); _ = c.Close(context.Background()) })
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = c.Close(ctx)
+	})
+	return c
 }
 
 // Flags go anywhere before --; after it, everything is the command's, its own flags and --

@@ -88,25 +88,16 @@ func readLockNames(common *commonFlags, prefix string) []cobra.Completion {
 	defer dl.Close(context.Background())
 	ctx, cancel := context.WithTimeout(context.Background(), completionTimeout)
 	defer cancel()
-	locks, err := dl.Locks(ctx, globEscape(prefix)+"*")
+	// A glob character typed in prefix widens the match; the HasPrefix filter narrows it back.
+	locks, err := dl.Locks(ctx, prefix+"*")
 	if err != nil {
 		return nil
 	}
 	names := make([]cobra.Completion, 0, len(locks))
 	for _, l := range locks {
-		names = append(names, l.Name)
+		if strings.HasPrefix(l.Name, prefix) {
+			names = append(names, l.Name)
+		}
 	}
 	return names
-}
-
-// globEscape makes s match itself in a Redis glob pattern.
-func globEscape(s string) string {
-	var b strings.Builder
-	for _, r := range s {
-		if strings.ContainsRune(`*?[]\`, r) {
-			b.WriteByte('\\')
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
 }
