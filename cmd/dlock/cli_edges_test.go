@@ -252,3 +252,21 @@ func TestDotInPathHint(t *testing.T) {
 		t.Errorf("myscript found through . in PATH: exit %d, stderr %q; want a hint to run ./myscript", code, errb.String())
 	}
 }
+
+// Redis refusing dlock (a wrong password, a user without the commands dlock needs) is no
+// outage: exit 1 with the refusal named, not 69, and the command does not run.
+func TestRefusedByRedisIsNotUnreachable(t *testing.T) {
+	srv := redistest.StartT(t, redistest.Config{TCP: true})
+	if err := srv.AddACLUser(context.Background(), "noscripts", "pw", "~*", "&*", "+@all", "-@scripting"); err != nil {
+		t.Fatal(err)
+	}
+	url := func(user, pass string) string { return "redis://" + user + ":" + pass + "@" + srv.Addr }
+	code, out, errs := runDlock(t, "run", "--redis", url("noscripts", "wrong"), uniqueName(t), "--", "echo", "ran")
+	if code != exitError || out != "" || !strings.Contains(errs, "refused PING") || !strings.Contains(errs, "password") {
+		t.Errorf("wrong password: exit %d, stdout %q, stderr %q; want %d, the refusal and a hint", code, out, errs, exitError)
+	}
+	code, out, errs = runDlock(t, "run", "--redis", url("noscripts", "pw"), uniqueName(t), "--", "echo", "ran")
+	if code != exitError || out != "" || !strings.Contains(errs, "NOPERM") {
+		t.Errorf("user without scripting: exit %d, stdout %q, stderr %q; want %d naming NOPERM", code, out, errs, exitError)
+	}
+}
