@@ -2,7 +2,9 @@ package dlock_test
 
 import (
 	"errors"
+	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -300,5 +302,36 @@ func TestBargingIsBoundedByTheFirstWaitersWait(t *testing.T) {
 	}
 	if res := acquireBarging(t, rdb, k, "C", "c2", false, true, long); res[0] != 0 {
 		t.Fatalf("C barged into a held lock: %v", res)
+	}
+}
+
+// Waiters that join the queue in one millisecond keep their order of arrival: equal scores
+// would sort them by name, and a reader that came after a waiting writer would go first.
+func TestQueueKeepsArrivalOrderWithinAMillisecond(t *testing.T) {
+	rdb := redistest.Client(t)
+	ctx := ctxT(t)
+	k := names(t)
+	if r := acquire(t, rdb, k, "holder", "h0"); r[0] != 1 {
+		t.Fatalf("holder: %v", r)
+	}
+	// Names that sort against arrival, sent in one pipeline so most join in one millisecond.
+	const n = 40
+	var want []string
+	pipe := rdb.Pipeline()
+	for i := range n {
+		owner := fmt.Sprintf("w%02d", n-i)
+		want = append(want, owner)
+		scripts.Acquire.EvalSha(ctx, pipe, []string{k.lock, k.fence, k.log, k.queue, k.live},
+			owner, 30000, "h"+owner, 60000, true, 10000, k.channel, 500, "PUBLISH", true, 60000, 0)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got, err := rdb.ZRange(ctx, k.queue, 0, -1).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("queue order %v, want arrival order %v", got, want)
 	}
 }

@@ -10,8 +10,9 @@
 --                     p:<queue member> = the hold a grant writes for that waiter (lib.lua),
 --                     u:<hold id> = 1 for a hold id given up (drop_holds, and the
 --                     clean-up of a call whose reply was lost, release.lua),
---                     w = when (server ms) the latest writer joined the queue
--- KEYS[4] queue       sorted set of waiting owners scored by when they joined (ms): FIFO
+--                     w = the queue score (place) of the latest writer that joined
+-- KEYS[4] queue       sorted set of waiting owners scored by when they joined (ms, made
+--                     distinct: place_after_tail): FIFO
 -- KEYS[5] liveness    hash {waiting owner: deadline in ms of server time}
 -- ARGV[1] owner id
 -- ARGV[2] lease TTL in ms
@@ -176,13 +177,14 @@ local function queue_up(foreign)
     local now = now_ms()
     local joined = now
     if redis.call('HSET', KEYS[5], me, now + tonumber(ARGV[6])) == 1 then
-      redis.call('ZADD', KEYS[4], 'NX', now, me) -- a new waiter (a refresh only moves its deadline)
+      joined = place_after_tail(KEYS[4], now)
+      redis.call('ZADD', KEYS[4], 'NX', joined, me) -- a new waiter (a refresh only moves its deadline)
       if mode == 'w' then
         -- A writer waits: Clients sharing a read hold, or waiting for one on behalf of their
-        -- readers, let no new local reader in ahead of it. Told by push, and by the time
-        -- the latest writer joined, which a reader's wait reads below (no push needed).
+        -- readers, let no new local reader in ahead of it. Told by push, and by the place
+        -- of the latest writer, which a reader's wait reads below (no push needed).
         msgs[#msgs + 1] = 'x'
-        redis.call('HSET', KEYS[3], 'w', now)
+        redis.call('HSET', KEYS[3], 'w', joined)
       end
     elseif mode == 'r' and not sem then
       -- Our place's score: ZSCORE, by a command the documented ACL allows (adds 0, changes
@@ -190,10 +192,10 @@ local function queue_up(foreign)
       joined = tonumber(redis.call('ZADD', KEYS[4], 'XX', 'INCR', 0, me) or now)
     end
     if mode == 'r' and not sem then
-      -- A writer joined at or after our place (same millisecond: maybe after): our Client's
-      -- later readers must wait behind it, not join our place.
+      -- A writer joined after our place (places are distinct): our Client's later readers
+      -- must wait behind it, not join our place.
       local w = redis.call('HGET', KEYS[3], 'w')
-      if w and tonumber(w) >= joined then
+      if w and tonumber(w) > tonumber(joined) then
         behind = 1
       end
     end

@@ -53,6 +53,20 @@ local function first_waiter(k_queue, k_live)
   end
 end
 
+-- place_after_tail returns the queue score of a waiter joining at now (ms): now, or just
+-- after the last waiter's when that is not below now. Scores are the queue's only order, and
+-- equal scores sort by member name, so waiters joining in one millisecond would be served by
+-- name, not arrival: a reader that came after a waiting writer would go first. A score after
+-- the tail is a string with 3 decimals: Lua passes a number to Redis with 14 digits, which
+-- would drop the fraction.
+local function place_after_tail(k_queue, now)
+  local tail = redis.call('ZRANGE', k_queue, -1, -1, 'WITHSCORES')[2]
+  if tail and tonumber(tail) >= now then
+    return string.format('%.3f', tonumber(tail) + 0.001)
+  end
+  return now
+end
+
 -- leave_queue takes a waiter out of the queue.
 local function leave_queue(k_queue, k_live, who)
   redis.call('ZREM', k_queue, who)
