@@ -335,3 +335,33 @@ func TestQueueKeepsArrivalOrderWithinAMillisecond(t *testing.T) {
 		t.Fatalf("queue order %v, want arrival order %v", got, want)
 	}
 }
+
+// A queue entry scored in the server's future (written before the clock stepped back, or on a
+// master whose clock was ahead before a failover) is not passed on to waiters joining after
+// it: their wait would count as negative, so a release with no barging window would not grant
+// the first of them, and a caller that never queued would take the lock ahead of it.
+func TestQueueDoesNotPassOnAFutureScore(t *testing.T) {
+	rdb := redistest.Client(t)
+	ctx := ctxT(t)
+	k := names(t)
+	if r := acquire(t, rdb, k, "H", "h1"); r[0] != 1 {
+		t.Fatalf("H: %v", r)
+	}
+	// A dead waiter's entry scored one hour ahead of the server's clock.
+	tm := rdb.Time(ctx).Val()
+	rdb.ZAdd(ctx, k.queue, redis.Z{Score: float64(tm.Add(time.Hour).UnixMilli()), Member: "ghost"})
+	if res := acquireArgs(t, rdb, k, "W", "w1", true, true); res[0] != 0 {
+		t.Fatalf("W got a held lock: %v", res)
+	}
+	s := rdb.ZScore(ctx, k.queue, "W").Val()
+	if ahead := s - float64(tm.UnixMilli()); ahead > 1000 {
+		t.Fatalf("W joined %.0f ms in the server's future", ahead)
+	}
+	// No barging window: the release must hand the lock to W, first live waiter.
+	if n := releaseBarging(t, rdb, k, "H", "h1", false, false, 0); n != 3 {
+		t.Errorf("release with no barging window = %d, want 3 (granted to W)", n)
+	}
+	if res := acquireBarging(t, rdb, k, "C", "c1", false, true, 0); res[0] == 1 {
+		t.Errorf("C, never queued, took the lock ahead of W with barging off: %v", res)
+	}
+}

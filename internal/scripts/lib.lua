@@ -54,15 +54,18 @@ local function first_waiter(k_queue, k_live)
 end
 
 -- place_after_tail returns the queue score of a waiter joining at now (ms): now, or just
--- after the last waiter's when that is not below now. Scores are the queue's only order, and
+-- after the latest waiter's when that is not below now. Scores are the queue's only order, and
 -- equal scores sort by member name, so waiters joining in one millisecond would be served by
--- name, not arrival: a reader that came after a waiting writer would go first. A score after
--- the tail is a string with 3 decimals: Lua passes a number to Redis with 14 digits, which
--- would drop the fraction.
+-- name, not arrival: a reader that came after a waiting writer would go first. Only scores up
+-- to now + 1 count (a burst of joins runs ahead of the clock by far less): one written under
+-- a clock ahead of this server's (a step back, a failover) would otherwise be passed on to
+-- every later waiter, whose wait would count as negative and so never be granted a lock
+-- directly while callers outside the queue barge ahead of it. A score after the latest is a
+-- string with 3 decimals: Lua passes a number to Redis with 14 digits, dropping the fraction.
 local function place_after_tail(k_queue, now)
-  local tail = redis.call('ZRANGE', k_queue, -1, -1, 'WITHSCORES')[2]
-  if tail and tonumber(tail) >= now then
-    return string.format('%.3f', tonumber(tail) + 0.001)
+  local last = redis.call('ZRANGE', k_queue, now + 1, '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, 1, 'WITHSCORES')[2]
+  if last and tonumber(last) >= now then
+    return string.format('%.3f', tonumber(last) + 0.001)
   end
   return now
 end
