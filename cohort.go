@@ -11,7 +11,7 @@ import (
 )
 
 const (
-	// cohortBlock is how many tokens a hold reserves (see lib.lua) and so the most local
+	// cohortBlock is how many tokens a hold reserves (see head.lua) and so the most local
 	// hand-offs one Redis hold can serve.
 	cohortBlock = 64
 	// cohortLinger is how long a Client keeps a lock it had to wait for after its last local

@@ -63,10 +63,10 @@ func SemaphoreCohortWaiters(c *Client, s *Semaphore, n int) (waiting int, acquir
 	return len(co.queue), co.acquiring
 }
 
-// LayoutVersion is the key layout, for tests to check against lib.lua.
+// LayoutVersion is the key layout, for tests to check against head.lua.
 const LayoutVersion = layoutVersion
 
-// CohortBlock is the number of tokens a hold reserves, for tests to check against lib.lua.
+// CohortBlock is the number of tokens a hold reserves, for tests to check against head.lua.
 const CohortBlock = cohortBlock
 
 // CohortState reports whether c's cohort on name has a hold and a linger timer.

@@ -6,7 +6,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// layoutVersion is the key layout dlock writes (LAYOUT in internal/scripts/lib.lua, "#v" in
+// layoutVersion is the key layout dlock writes (LAYOUT in internal/scripts/head.lua, "#v" in
 // every lock hash). Scripts refuse a lock of another layout, so two dlock versions never both
 // hold a lock during an upgrade.
 const layoutVersion = "2"

@@ -262,15 +262,15 @@ func TestExtendNeverShortensAnotherHoldsTTL(t *testing.T) {
 }
 
 func TestTokenBlockIsTheSameInGoAndLua(t *testing.T) {
-	src, err := os.ReadFile("internal/scripts/lib.lua")
+	src, err := os.ReadFile("internal/scripts/head.lua")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if want := "local BLOCK = " + strconv.Itoa(dlock.CohortBlock) + "\n"; !strings.Contains(string(src), want) {
-		t.Fatalf("lib.lua does not say %q: the cohort would hand out tokens of another hold's block", want)
+		t.Fatalf("head.lua does not say %q: the cohort would hand out tokens of another hold's block", want)
 	}
 	if want := "local LAYOUT = '" + dlock.LayoutVersion + "'\n"; !strings.Contains(string(src), want) {
-		t.Fatalf("lib.lua does not say %q: Inspect would call every lock foreign", want)
+		t.Fatalf("head.lua does not say %q: Inspect would call every lock foreign", want)
 	}
 }
 

@@ -10,12 +10,10 @@ package main
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha1"
 	"encoding/hex"
 	"flag"
 	"fmt"
 	"os"
-	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
@@ -125,26 +123,6 @@ func checkAcquire(res []int64) (bool, error) {
 		return false, nil
 	}
 	return false, fmt.Errorf("unexpected acquire reply %v", res)
-}
-
-// loadSource rebuilds a lock script's source (shebang, lib.lua, the operation; scripts.go)
-// from the files it embeds, and checks its SHA-1 against dlock's, so rueidis runs the
-// identical script (scripts exports only *redis.Script, not the source).
-func loadSource(dir, file, wantSHA string) (string, error) {
-	lib, err := os.ReadFile(filepath.Join(dir, "lib.lua"))
-	if err != nil {
-		return "", err
-	}
-	op, err := os.ReadFile(filepath.Join(dir, file))
-	if err != nil {
-		return "", err
-	}
-	src := "#!lua\n" + string(lib) + string(op)
-	sum := sha1.Sum([]byte(src))
-	if got := hex.EncodeToString(sum[:]); got != wantSHA {
-		return "", fmt.Errorf("%s: SHA-1 %s, dlock's script is %s", file, got, wantSHA)
-	}
-	return src, nil
 }
 
 type shape struct {
@@ -281,24 +259,17 @@ func pct(l []time.Duration, p float64) time.Duration {
 func main() {
 	dur := flag.Duration("duration", 3*time.Second, "measured time per shape and client")
 	warm := flag.Duration("warmup", 300*time.Millisecond, "unmeasured time before each measurement")
-	dir := flag.String("scripts", "../internal/scripts", "dlock's internal/scripts directory (run from bench/)")
 	addr := flag.String("addr", "", "existing redis host:port (default: a throwaway redis-server on TCP)")
 	flag.Parse()
-	if err := mainErr(*dur, *warm, *dir, *addr); err != nil {
+	if err := mainErr(*dur, *warm, *addr); err != nil {
 		fmt.Fprintln(os.Stderr, "clientcmp:", err)
 		os.Exit(1)
 	}
 }
 
-func mainErr(dur, warm time.Duration, dir, addr string) error {
-	acqSrc, err := loadSource(dir, "acquire.lua", scripts.Acquire.Hash())
-	if err != nil {
-		return err
-	}
-	relSrc, err := loadSource(dir, "release.lua", scripts.Release.Hash())
-	if err != nil {
-		return err
-	}
+func mainErr(dur, warm time.Duration, addr string) error {
+	// rueidis runs the identical source (its Lua computes the same SHA-1).
+	acqSrc, relSrc := scripts.Source(scripts.Acquire), scripts.Source(scripts.Release)
 	if addr == "" {
 		srv, err := redisserver.Start(redisserver.Config{TCP: true})
 		if err != nil {

@@ -3,7 +3,7 @@
 -- highest of its masters' tokens; it is raised on a quorum of them before the lease is handed
 -- out, and any later quorum shares a master with that one.
 --
--- KEYS[1] the lock's fence key (see reserve_block in lib.lua)
+-- KEYS[1] the lock's fence key (see reserve_block in head.lua)
 -- ARGV[1] the floor: a token (decimal, below 2^53, as every token is)
 --
 -- Returns 1 when the counter was raised, 0 when it was already at or above the floor. Like

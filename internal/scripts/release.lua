@@ -44,24 +44,6 @@ end
 local kind = sem and 'sem' or (mode ~= '' and 'rw' or '')
 local me = member(mode, owner, sem)
 
--- The op log keeps the hold ids of the owner's RECENT last releases (newest first), so a
--- retried release is recognised even after the same owner (a Client's cohort, a WithOwner
--- id) released other holds meanwhile.
-local RECENT = 4
-
--- log_release records the hold id among the owner's recent releases.
-local function log_release()
-  local k = 'r:' .. owner
-  local v, n = ARGV[2], 1
-  for id in string.gmatch(redis.call('HGET', KEYS[2], k) or '', '%S+') do
-    if n == RECENT then break end
-    v, n = v .. ' ' .. id, n + 1
-  end
-  redis.call('HSET', KEYS[2], k, v)
-  redis.call('PEXPIRE', KEYS[2], ARGV[3])
-end
-
-
 -- hand_on frees the lock: to the first live waiter if any.
 local function hand_on()
   local head, waited = first_waiter(KEYS[4], KEYS[5])
@@ -168,7 +150,7 @@ end
 if (f[4] or '') ~= kind then
   return kind_error(KEYS[1], kind, f[4])
 end
-log_release()
+log_release(KEYS[2], owner, ARGV[2], ARGV[3])
 if f[2] ~= '1' then
   redis.call('HDEL', KEYS[1], mark)
   redis.call('HINCRBY', KEYS[1], owner, -1)

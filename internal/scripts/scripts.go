@@ -10,14 +10,20 @@ import (
 )
 
 var (
+	//go:embed head.lua
+	headSrc string
 	//go:embed lib.lua
 	libSrc string
 	//go:embed acquire.lua
 	acquireSrc string
+	//go:embed acquire_fast.lua
+	acquireFastSrc string
 	//go:embed multi_acquire.lua
 	multiAcquireSrc string
 	//go:embed release.lua
 	releaseSrc string
+	//go:embed release_fast.lua
+	releaseFastSrc string
 	//go:embed extend.lua
 	extendSrc string
 	//go:embed fence_floor.lua
@@ -36,14 +42,36 @@ var (
 // replicas, memory), so a refused script has changed nothing; servers before 7.0 refuse it.
 const shebang = "#!lua\n"
 
-// lockScript builds a lock script: the shebang, the shared library, the operation.
-func lockScript(src string) *redis.Script { return redis.NewScript(shebang + libSrc + src) }
+// lockScript builds a lock script: the shebang, the shared head and library, the operation.
+func lockScript(src string) *redis.Script { return sourced(shebang + headSrc + libSrc + src) }
+
+// fastLockScript builds a lock script whose operation has a fast path: the path runs first,
+// with only head.lua defined, and the library and the operation are one function it calls
+// when it does not serve the call. Defining the library's functions costs server time on
+// every call (Redis runs the whole script each time), which the common case then never pays.
+func fastLockScript(fast, src string) *redis.Script {
+	return sourced(shebang + headSrc + fast + "\nlocal function full()\n" + libSrc + src + "\nend\nreturn full()\n")
+}
+
+// sources maps each lock script to its full source (written only while the package's
+// variables are initialised).
+var sources = map[*redis.Script]string{}
+
+func sourced(src string) *redis.Script {
+	s := redis.NewScript(src)
+	sources[s] = src
+	return s
+}
+
+// Source returns the full Lua source of one of this package's lock scripts, as Redis runs it
+// (for tools that run dlock's scripts through another client library); "" for any other.
+func Source(s *redis.Script) string { return sources[s] }
 
 // Scripts run with EVALSHA and fall back to EVAL when the server has not cached them yet.
 var (
-	Acquire      = lockScript(acquireSrc)
+	Acquire      = fastLockScript(acquireFastSrc, acquireSrc)
 	MultiAcquire = lockScript(multiAcquireSrc)
-	Release      = lockScript(releaseSrc)
+	Release      = fastLockScript(releaseFastSrc, releaseSrc)
 	Extend       = lockScript(extendSrc)
 	ForceRelease = lockScript(forceReleaseSrc)
 	LatchSet     = lockScript(latchSetSrc)
