@@ -1,6 +1,7 @@
 package dlock_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -135,6 +136,23 @@ func TestAcquireOnKeyWithoutTTLReportsIt(t *testing.T) {
 
 // A key that is not a lock hash (overwritten by hand) is a lock held by someone else: TryLock
 // is not obtained, and the holder it was taken from finds it not held.
+// A semaphore on a key of another type with a TTL is not obtained, naming the foreign value;
+// its acquire stopped with a WRONGTYPE error after it had joined the queue.
+func TestSemaphoreOnAWrongTypeKeyIsNotObtained(t *testing.T) {
+	c, rdb := newClient(t)
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	rdb.Set(ctx, lockKey(name), "not a hash", time.Minute)
+	if _, err := c.Semaphore(name, 2).TryAcquire(ctx, 1); !errors.Is(err, dlock.ErrNotObtained) || !strings.Contains(err.Error(), "not a dlock lock") {
+		t.Fatalf("TryAcquire on a string key = %v, want ErrNotObtained naming the foreign value", err)
+	}
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if _, err := c.Semaphore(name, 2).Acquire(short, 1); !errors.Is(err, dlock.ErrNotObtained) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Acquire on a string key = %v, want ErrNotObtained at the deadline", err)
+	}
+}
+
 func TestWrongTypeKeyIsTakenAndNotHeld(t *testing.T) {
 	for _, cohort := range []bool{true, false} {
 		opts := []dlock.Option{}

@@ -207,9 +207,10 @@ local function queue_up(foreign)
     redis.call('PEXPIRE', KEYS[5], ARGV[11])
   end
   local pttl = redis.call('PTTL', KEYS[1])
-  if sem and pttl > 0 then
+  if sem and pttl > 0 and foreign == 0 then
     -- Permits of a dead holder free at its deadline, the earliest of which "#x" bounds: try
-    -- again then, not at the key's TTL (the latest holder's).
+    -- again then, not at the key's TTL (the latest holder's). Not on a key of another type,
+    -- which HGET would refuse after the queue writes above.
     local x = tonumber(redis.call('HGET', KEYS[1], '#x') or '0')
     if x > 0 then
       pttl = math.max(1, math.min(pttl, x - now_ms() + 1))
