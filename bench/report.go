@@ -212,7 +212,11 @@ func writeOutputs(dir string, rp *report, md string) error {
 	if err := os.WriteFile(filepath.Join(dir, "bench.jsonl"), jb.Bytes(), 0o644); err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(dir, "BENCHMARKS.md"), []byte(md), 0o644); err != nil {
+	mdPath := filepath.Join(dir, "BENCHMARKS.md")
+	if old, err := os.ReadFile(mdPath); err == nil {
+		md += keptSections(old)
+	}
+	if err := os.WriteFile(mdPath, []byte(md), 0o644); err != nil {
 		return err
 	}
 	png, err := rp.chart()
@@ -220,6 +224,19 @@ func writeOutputs(dir string, rp *report, md string) error {
 		return err
 	}
 	return os.WriteFile(filepath.Join(dir, "chart.png"), png, 0o644)
+}
+
+// keptMark opens the part of BENCHMARKS.md written by hand (runs of other programs: the flash
+// sale, the client-library comparison), which a new run keeps as it is.
+const keptMark = "<!-- Sections below are written by hand and kept when the report is regenerated. -->\n"
+
+// keptSections returns the hand-written part of an earlier BENCHMARKS.md, from keptMark on
+// ("" when it has none).
+func keptSections(old []byte) string {
+	if i := bytes.Index(old, []byte(keptMark)); i >= 0 {
+		return "\n" + string(old[i:])
+	}
+	return ""
 }
 
 func (rp *report) markdown() string {
