@@ -2,6 +2,8 @@ package dlock_test
 
 import (
 	"context"
+	"strconv"
+	"sync/atomic"
 	"testing"
 
 	"github.com/dlock-go/dlock"
@@ -26,4 +28,29 @@ func BenchmarkUncontended(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// BenchmarkUncontendedFresh8 is one Lock and Unlock of a fresh lock per iteration from 8
+// goroutines of one Client: the client-side cost of many independent locks (the flash sale's
+// one lock per user).
+func BenchmarkUncontendedFresh8(b *testing.B) {
+	rdb := redistest.Client(b)
+	c := dlock.New(rdb)
+	defer c.Close(context.Background())
+	ctx := context.Background()
+	name := redistest.Name(b)
+	var n atomic.Int64
+	b.ReportAllocs()
+	b.SetParallelism(4) // 8 goroutines on 2 CPUs
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			l, err := c.Mutex(name + strconv.FormatInt(n.Add(1), 10)).Lock(ctx)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := l.Unlock(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }

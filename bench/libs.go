@@ -28,8 +28,8 @@ import (
 // libNames lists every library in report order. pg, etcd and zookeeper run only when their
 // server is given (optionalEnv).
 var libNames = []string{
-	"dlock", "dlock-nocohort", "redsync", "redsync-1ms", "redislock-100ms", "redislock-1ms",
-	"rueidislock", "pg", "etcd", "zookeeper", "raw",
+	"dlock", "dlock-nocohort", "redsync", "redsync-1ms", "redsync-10ms", "redsync-100ms",
+	"redislock-100ms", "redislock-10ms", "redislock-1ms", "rueidislock", "pg", "etcd", "zookeeper", "raw",
 }
 
 // optionalEnv names the environment variable that gives an optional peer its server, or ""
@@ -103,13 +103,11 @@ func newLib(name string, e *env) (lib, error) {
 		return &dlockLib{c: dlock.New(e.rdb, dlock.WithoutCohort())}, nil
 	case "redsync":
 		return &redsyncLib{rs: redsync.New(rsgoredis.NewPool(e.rdb))}, nil
-	case "redsync-1ms":
+	case "redsync-1ms", "redsync-10ms", "redsync-100ms":
 		return &redsyncLib{rs: redsync.New(rsgoredis.NewPool(e.rdb)),
-			opts: []redsync.Option{redsync.WithRetryDelay(time.Millisecond), redsync.WithTries(1 << 20)}}, nil
-	case "redislock-100ms":
-		return &redislockLib{c: redislock.New(e.rdb), backoff: 100 * time.Millisecond}, nil
-	case "redislock-1ms":
-		return &redislockLib{c: redislock.New(e.rdb), backoff: time.Millisecond}, nil
+			opts: []redsync.Option{redsync.WithRetryDelay(retryDelay(name)), redsync.WithTries(1 << 20)}}, nil
+	case "redislock-1ms", "redislock-10ms", "redislock-100ms":
+		return &redislockLib{c: redislock.New(e.rdb), backoff: retryDelay(name)}, nil
 	case "rueidislock":
 		opt, err := rueidis.ParseURL(e.redisURL)
 		if err != nil {
@@ -129,6 +127,16 @@ func newLib(name string, e *env) (lib, error) {
 		return &pgLib{url: e.pgURL}, nil
 	}
 	return nil, fmt.Errorf("unknown library %q", name)
+}
+
+// retryDelay is the retry delay a peer's name ends with ("-1ms", "-10ms", "-100ms"): each
+// polling peer runs at the three, so a comparison takes its best setting.
+func retryDelay(name string) time.Duration {
+	d, err := time.ParseDuration(name[strings.LastIndexByte(name, '-')+1:])
+	if err != nil {
+		panic("bench: no retry delay in library name " + name)
+	}
+	return d
 }
 
 // retryPause keeps a goroutine whose lock call failed with a real error from spinning.

@@ -255,8 +255,8 @@ func (rp *report) markdown() string {
 	p("- Date: %s; %v per throughput run\n\n", rp.date.Format("2006-01-02 15:04 MST"), rp.duration)
 	p("Libraries: **dlock** (default options: cohorting on; one Client per process, one Mutex handle per goroutine), " +
 		"**dlock-nocohort** (`WithoutCohort()`), **redsync** v4 (defaults: 32 tries, 50–250 ms random delay) and " +
-		"**redsync-1ms** (`WithRetryDelay(1ms)`, `WithTries(1<<20)`), both called again when they give up, " +
-		"**redislock-100ms / -1ms** (bsm/redislock `Obtain` with `LinearBackoff`), **rueidislock** (`KeyMajority: 1`), " +
+		"**redsync-1ms / -10ms / -100ms** (`WithRetryDelay(…)`, `WithTries(1<<20)`), all called again when they give up, " +
+		"**redislock-100ms / -10ms / -1ms** (bsm/redislock `Obtain` with `LinearBackoff`), **rueidislock** (`KeyMajority: 1`), " +
 		"**raw** (`SET NX PX` + `DEL`, no ownership check, 1 ms sleep while taken: the floor, not a lock to use)")
 	if rp.pg {
 		p(", **pg** (`pg_advisory_lock`, one connection per goroutine)")
@@ -529,20 +529,13 @@ func (rp *report) targets(b *strings.Builder) {
 	rp.mixTargets(row)
 	rp.semTargets(row)
 	rp.latchTargets(row)
-	if d, r := rp.find("uncontended", "dlock"), rp.find("uncontended", "raw"); d != nil && r != nil {
-		row("uncontended ops/s vs raw SET NX + DEL", fmt.Sprintf("%.0f", d.OpsPerSec), fmt.Sprintf("raw %.0f", r.OpsPerSec),
-			ratio(d.OpsPerSec, r.OpsPerSec))
-	}
+	rp.perfTargets(row)
 	if d := rp.find("contended-8x1", "dlock"); d != nil && d.WakeP50us != nil {
 		ref := "–"
 		if bp := rp.bestPeer("contended-8x1"); bp != nil && bp.WakeP50us != nil {
 			ref = fmt.Sprintf("%s %s / %s", bp.Library, fmtUs(*bp.WakeP50us), fmtUs(*bp.WakeP99us))
 		}
 		row("wake-up latency p50 / p99 (8×1)", fmtUs(*d.WakeP50us)+" / "+fmtUs(*d.WakeP99us), ref, "")
-	}
-	if d, bp := rp.find("independent", "dlock"), rp.bestPeer("independent"); d != nil && bp != nil {
-		row("independent keys: ops/s vs best peer", fmt.Sprintf("%.0f", d.OpsPerSec), fmt.Sprintf("%s %.0f", bp.Library, bp.OpsPerSec),
-			ratio(d.OpsPerSec, bp.OpsPerSec))
 	}
 	for _, lib := range killedLibs {
 		if r := rp.find(killedID, lib); r != nil {

@@ -34,14 +34,16 @@ type scenario struct {
 	Note       string
 }
 
-var contendedLibs = []string{"dlock", "dlock-nocohort", "redsync", "redsync-1ms", "redislock-100ms",
-	"redislock-1ms", "rueidislock", "pg", "etcd", "zookeeper"}
+var contendedLibs = []string{"dlock", "dlock-nocohort", "redsync", "redsync-1ms", "redsync-10ms", "redsync-100ms",
+	"redislock-100ms", "redislock-10ms", "redislock-1ms", "rueidislock", "pg", "etcd", "zookeeper"}
 
 var allLibs = append(append([]string(nil), contendedLibs...), "raw")
 
 var scenarios = []scenario{
 	{ID: "uncontended", Title: "1. Uncontended: 1 process × 1 goroutine, a fresh key per operation, empty critical section",
 		Procs: 1, Goroutines: 1, Keying: keyFresh, CS: csNone, Libs: allLibs},
+	{ID: "uncontended-1x8", Title: "1b. Uncontended 1×8: 1 process × 8 goroutines, a fresh key per operation, empty critical section",
+		Procs: 1, Goroutines: 8, Keying: keyFresh, CS: csNone, Libs: allLibs},
 	{ID: "contended-4x8", Title: "2. Contended 4×8: 4 processes × 8 goroutines, one key, critical section GET+SET",
 		Procs: 4, Goroutines: 8, Keying: keyShared, CS: csGetSet, Libs: contendedLibs},
 	{ID: "contended-8x1", Title: "3. Contended 8×1: 8 processes × 1 goroutine, one key, critical section GET+SET",
