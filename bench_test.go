@@ -13,12 +13,8 @@ import (
 // BenchmarkUncontended is one Lock and Unlock of a fresh lock per iteration: the client-side
 // cost of the uncontended path (run with -cpuprofile to see where it goes).
 func BenchmarkUncontended(b *testing.B) {
-	rdb := redistest.Client(b)
-	c := dlock.New(rdb)
-	defer c.Close(context.Background())
+	c, name := benchClient(b)
 	ctx := context.Background()
-	name := redistest.Name(b)
-	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
 		l, err := c.Mutex(name).Lock(ctx)
 		if err != nil {
@@ -34,13 +30,9 @@ func BenchmarkUncontended(b *testing.B) {
 // goroutines of one Client: the client-side cost of many independent locks (the flash sale's
 // one lock per user).
 func BenchmarkUncontendedFresh8(b *testing.B) {
-	rdb := redistest.Client(b)
-	c := dlock.New(rdb)
-	defer c.Close(context.Background())
+	c, name := benchClient(b)
 	ctx := context.Background()
-	name := redistest.Name(b)
 	var n atomic.Int64
-	b.ReportAllocs()
 	b.SetParallelism(4) // 8 goroutines on 2 CPUs
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
@@ -53,4 +45,12 @@ func BenchmarkUncontendedFresh8(b *testing.B) {
 			}
 		}
 	})
+}
+
+// benchClient starts a Redis and a Client on it (closed at cleanup) and names the lock.
+func benchClient(b *testing.B) (*dlock.Client, string) {
+	c := dlock.New(redistest.Client(b))
+	b.Cleanup(func() { _ = c.Close(context.Background()) })
+	b.ReportAllocs()
+	return c, redistest.Name(b)
 }

@@ -323,15 +323,21 @@ func TestBargingIsBoundedByTheFirstWaitersWait(t *testing.T) {
 	}
 }
 
+// heldBy starts a Redis with a lock that owner holds under hold id.
+func heldBy(t *testing.T, owner, id string) (*redis.Client, lockNames) {
+	t.Helper()
+	rdb, k := redistest.Client(t), names(t)
+	if r := acquire(t, rdb, k, owner, id); r[0] != 1 {
+		t.Fatalf("%s: %v", owner, r)
+	}
+	return rdb, k
+}
+
 // Waiters that join the queue in one millisecond keep their order of arrival: equal scores
 // would sort them by name, and a reader that came after a waiting writer would go first.
 func TestQueueKeepsArrivalOrderWithinAMillisecond(t *testing.T) {
-	rdb := redistest.Client(t)
+	rdb, k := heldBy(t, "holder", "h0")
 	ctx := ctxT(t)
-	k := names(t)
-	if r := acquire(t, rdb, k, "holder", "h0"); r[0] != 1 {
-		t.Fatalf("holder: %v", r)
-	}
 	// Names that sort against arrival, sent in one pipeline so most join in one millisecond.
 	const n = 40
 	var want []string
@@ -359,12 +365,8 @@ func TestQueueKeepsArrivalOrderWithinAMillisecond(t *testing.T) {
 // it: their wait would count as negative, so a release with no barging window would not grant
 // the first of them, and a caller that never queued would take the lock ahead of it.
 func TestQueueDoesNotPassOnAFutureScore(t *testing.T) {
-	rdb := redistest.Client(t)
+	rdb, k := heldBy(t, "H", "h1")
 	ctx := ctxT(t)
-	k := names(t)
-	if r := acquire(t, rdb, k, "H", "h1"); r[0] != 1 {
-		t.Fatalf("H: %v", r)
-	}
 	// A dead waiter's entry scored one hour ahead of the server's clock.
 	tm := rdb.Time(ctx).Val()
 	rdb.ZAdd(ctx, k.queue, redis.Z{Score: float64(tm.Add(time.Hour).UnixMilli()), Member: "ghost"})
