@@ -534,3 +534,101 @@ func TestParseReplicaAckAOF(t *testing.T) {
 		}
 	}
 }
+
+// A command's background children run on under the lock: dlock releases it, and exits with
+// the command's code, only once the last process of the command's group has exited, as a
+// lock taken with flock stays held while a child keeps its descriptor.
+func TestRunHoldsTheLockUntilBackgroundChildrenExit(t *testing.T) {
+	name := uniqueName(t)
+	dir := t.TempDir()
+	leader, goFile, doneFile := filepath.Join(dir, "leader"), filepath.Join(dir, "go"), filepath.Join(dir, "done")
+	script := `(while [ ! -e ` + goFile + ` ]; do sleep 0.01; done; touch ` + doneFile + `) & echo $$ > ` + leader + `.tmp; mv ` + leader + `.tmp ` + leader + `; exit 4`
+	cmd := dlockCmd(t, "run", name, "--", "sh", "-c", script)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() { _ = os.WriteFile(goFile, nil, 0o644); _ = cmd.Process.Kill() })
+	// The command itself (the shell) exits at once, leaving its background child.
+	var pid int
+	for deadline := time.Now().Add(10 * time.Second); pid == 0; time.Sleep(5 * time.Millisecond) {
+		if b, err := os.ReadFile(leader); err == nil {
+			pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+		} else if time.Now().After(deadline) {
+			t.Fatalf("the command never started: %s", out.String())
+		}
+	}
+	for deadline := time.Now().Add(10 * time.Second); syscall.Kill(pid, 0) == nil; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the command's shell did not exit")
+		}
+	}
+	select {
+	case err := <-exited:
+		t.Fatalf("dlock exited (%v) while the command's background child ran: %s", err, out.String())
+	default:
+	}
+	if code, stdout, _ := runDlock(t, "status", name); code != 0 || !strings.Contains(stdout, "state:      held") {
+		t.Fatalf("lock while the background child runs: exit %d, %q", code, stdout)
+	}
+	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-exited:
+		if code := exitCode(err); code != 4 {
+			t.Fatalf("dlock exited %d, want the command's 4: %s", code, out.String())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("dlock did not exit after the background child did")
+	}
+	if _, err := os.Stat(doneFile); err != nil {
+		t.Fatalf("the background child did not finish before dlock exited: %v", err)
+	}
+	if code, stdout, _ := runDlock(t, "status", name); code != 0 || !regexp.MustCompile(`state:\s+free`).MatchString(stdout) {
+		t.Fatalf("lock after the background child exited: %q", stdout)
+	}
+}
+
+// A lease lost while only the command's background children run stops them, and dlock exits
+// with the lost-lease code.
+func TestLostLeaseStopsTheBackgroundChildren(t *testing.T) {
+	name := uniqueName(t)
+	dir := t.TempDir()
+	child := filepath.Join(dir, "child")
+	script := `(trap 'echo child-got-term; exit 0' TERM; sh -c 'echo $PPID' > ` + child + `.tmp; mv ` + child + `.tmp ` + child + `; while :; do sleep 0.01; done) & exit 0`
+	cmd := dlockCmd(t, "run", "--grace", "2s", name, "--", "sh", "-c", script)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	var pid int
+	for deadline := time.Now().Add(10 * time.Second); pid == 0; time.Sleep(5 * time.Millisecond) {
+		if b, err := os.ReadFile(child); err == nil {
+			pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+		} else if time.Now().After(deadline) {
+			t.Fatalf("the background child never started: %s", out.String())
+		}
+	}
+	if code, stdout, errs := runDlock(t, "release", "--force", name); code != 0 || !strings.Contains(stdout, "released") {
+		t.Fatalf("release --force: exit %d, %q %q", code, stdout, errs)
+	}
+	select {
+	case err := <-exited:
+		if code := exitCode(err); code != exitLost || !strings.Contains(out.String(), "lost") {
+			t.Fatalf("exit %d after the lease was lost, want %d; output %q", code, exitLost, out.String())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("dlock kept the background child running after its lease was lost")
+	}
+	if err := syscall.Kill(pid, 0); err == nil {
+		t.Fatalf("the background child %d still runs after the lease was lost: %s", pid, out.String())
+	}
+}

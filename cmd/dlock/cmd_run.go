@@ -30,7 +30,8 @@ func runCmd(stdout, stderr io.Writer, cp *completer) *cobra.Command {
 		Use:   "run [flags] NAME -- COMMAND [ARGS...]",
 		Short: "Run a command while holding a lock",
 		Long: `Run COMMAND while holding the lock NAME, renewing it every TTL/4, and release it when the
-command exits. Several --lock NAMEs (instead of NAME) are taken together, all or nothing;
+command exits (not run from a terminal: when the last process of its process group exits, so
+children it left in the background keep the lock, as with flock). Several --lock NAMEs (instead of NAME) are taken together, all or nothing;
 --read or --write take NAME as a read-write lock; --permits N takes one of N permits.
 
 Flags go anywhere before --; everything after -- is the command. The command sees
@@ -288,6 +289,11 @@ func (o *runOpts) run(stdout, stderr io.Writer) error {
 			done = true
 		}
 	}
+	if group && !waitGroup(target, lease, sigs) {
+		fmt.Fprintf(stderr, "dlock: error: lease on %q lost (%v) while the command's children ran; stopping them\n", name, lease.Err())
+		stop(target, leaderGone, o.grace)
+		return quietErr{leaseLost{lease.Err()}}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := lease.Unlock(ctx); err != nil {
@@ -483,6 +489,41 @@ func acquire(m locker, once bool, wait time.Duration, sigs <-chan os.Signal) (*d
 	}
 }
 
+// waitGroup keeps the lease while the command's process group (target < 0) still has
+// members after the command itself exited: children it started in the background run on
+// under the lock, as a lock taken with flock stays held while a child keeps its descriptor.
+// Signals are forwarded to the group meanwhile. It reports false when the lease was lost
+// first (the caller stops the group).
+func waitGroup(target int, lease *dlock.Lease, sigs <-chan os.Signal) bool {
+	for groupAlive(target) {
+		select {
+		case sig := <-sigs:
+			_ = syscall.Kill(target, sig.(syscall.Signal))
+		case <-lease.Done():
+			return false
+		case <-time.After(20 * time.Millisecond): // no event tells when the last of a group exits
+		}
+	}
+	return true
+}
+
+// groupAlive reports whether the process group (target < 0) has a member left. It first
+// reaps dlock's own exited children: orphans of the command are reparented to dlock when it
+// is PID 1 (a container) or a subreaper, and unreaped they would count as members forever.
+// Called only once the command itself has been waited for, so no other wait is robbed.
+func groupAlive(target int) bool {
+	for {
+		if pid, err := syscall.Wait4(-1, nil, syscall.WNOHANG, nil); pid <= 0 || err != nil {
+			break
+		}
+	}
+	err := syscall.Kill(target, 0)
+	return err == nil || err == syscall.EPERM // EPERM: a member under another user id
+}
+
+// leaderGone is stop's exited channel for a command that has already exited.
+var leaderGone = func() chan error { c := make(chan error); close(c); return c }()
+
 // stop ends the command (its process group when target < 0): SIGTERM, then SIGKILL after
 // grace. A group is stopped whole: its leader exiting early does not spare a child that
 // ignored SIGTERM, which would otherwise run on without the lock.
@@ -500,7 +541,7 @@ func stop(target int, exited <-chan error, grace time.Duration) {
 		return
 	}
 	// No event tells when the last of a group exits: look every 10ms until the deadline.
-	for syscall.Kill(target, 0) == nil {
+	for groupAlive(target) {
 		select {
 		case <-deadline:
 			_ = syscall.Kill(target, syscall.SIGKILL)
