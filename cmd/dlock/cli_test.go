@@ -622,13 +622,56 @@ func TestLostLeaseStopsTheBackgroundChildren(t *testing.T) {
 	}
 	select {
 	case err := <-exited:
-		if code := exitCode(err); code != exitLost || !strings.Contains(out.String(), "lost") {
-			t.Fatalf("exit %d after the lease was lost, want %d; output %q", code, exitLost, out.String())
+		if code := exitCode(err); code != exitLost || !strings.Contains(out.String(), "lost") || !strings.Contains(out.String(), "child-got-term") {
+			t.Fatalf("exit %d after the lease was lost, want %d and the child stopped by SIGTERM; output %q", code, exitLost, out.String())
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("dlock kept the background child running after its lease was lost")
 	}
 	if err := syscall.Kill(pid, 0); err == nil {
 		t.Fatalf("the background child %d still runs after the lease was lost: %s", pid, out.String())
+	}
+}
+
+// dlock run under a parent that is a subreaper (or PID 1 of a container) but does not reap
+// unknown children, as many a Go, Python or Node supervisor does, releases the lock once the
+// command and its background child have exited: the orphaned child comes to dlock (its
+// subreaper), which reaps it, instead of staying a zombie of the group under that parent.
+func TestRunUnderANonReapingParentReleases(t *testing.T) {
+	const prSetChildSubreaper = 36
+	if _, _, e := syscall.RawSyscall(syscall.SYS_PRCTL, prSetChildSubreaper, 1, 0); e != 0 {
+		t.Fatal("prctl:", e)
+	}
+	t.Cleanup(func() { syscall.RawSyscall(syscall.SYS_PRCTL, prSetChildSubreaper, 0, 0) })
+	name := uniqueName(t)
+	dir := t.TempDir()
+	child := filepath.Join(dir, "child")
+	// The background child records its pid, then exits 0.2s later.
+	script := `sh -c 'echo $$ > ` + child + `.tmp; mv ` + child + `.tmp ` + child + `; sleep 0.2' & exit 0`
+	cmd := dlockCmd(t, "run", name, "--", "sh", "-c", script)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	var pid int
+	for deadline := time.Now().Add(10 * time.Second); pid == 0; time.Sleep(5 * time.Millisecond) {
+		if b, err := os.ReadFile(child); err == nil {
+			pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+		} else if time.Now().After(deadline) {
+			t.Fatalf("the background child never started: %s", out.String())
+		}
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); var ws syscall.WaitStatus; syscall.Wait4(pid, &ws, 0, nil) })
+	select {
+	case err := <-exited:
+		if code := exitCode(err); code != 0 {
+			t.Fatalf("dlock exited %d: %s", code, out.String())
+		}
+	case <-time.After(5 * time.Second):
+		st, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+		t.Fatalf("dlock still holds the lock 5s after the command and its only child exited (child: %s)", st)
 	}
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
 	"golang.org/x/term"
 )
 
@@ -252,6 +253,13 @@ func (o *runOpts) run(stdout, stderr io.Writer) error {
 		// terminal: a background group reading it would be stopped (SIGTTIN) while the lock is
 		// renewed forever.
 		cmd.SysProcAttr.Setpgid = true
+		// The command's orphans come to dlock, which reaps them (groupAlive): under a parent
+		// that does not reap them (a PID 1 without an init), their zombies would count as
+		// members of the group forever.
+		if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+			_ = lease.Unlock(context.Background())
+			return fmt.Errorf("run: become the command's subreaper: %w", err)
+		}
 	}
 	started, exited := make(chan error, 1), make(chan error, 1)
 	go func() {
@@ -508,9 +516,10 @@ func waitGroup(target int, lease *dlock.Lease, sigs <-chan os.Signal) bool {
 }
 
 // groupAlive reports whether the process group (target < 0) has a member left. It first
-// reaps dlock's own exited children: orphans of the command are reparented to dlock when it
-// is PID 1 (a container) or a subreaper, and unreaped they would count as members forever.
-// Called only once the command itself has been waited for, so no other wait is robbed.
+// reaps dlock's own exited children: the command's orphans, reparented to dlock (its
+// subreaper), which unreaped would count as members forever. Called only once the command
+// itself has been waited for, so no other wait is robbed (until then its orphans' zombies
+// wait).
 func groupAlive(target int) bool {
 	for {
 		if pid, err := syscall.Wait4(-1, nil, syscall.WNOHANG, nil); pid <= 0 || err != nil {
