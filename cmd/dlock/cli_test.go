@@ -561,6 +561,7 @@ func TestRunHoldsTheLockUntilBackgroundChildrenExit(t *testing.T) {
 			t.Fatalf("the command never started: %s", out.String())
 		}
 	}
+	t.Cleanup(func() { _ = syscall.Kill(-pid, syscall.SIGKILL) }) // the group, should the test fail
 	for deadline := time.Now().Add(10 * time.Second); syscall.Kill(pid, 0) == nil; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the command's shell did not exit")
@@ -617,6 +618,7 @@ func TestLostLeaseStopsTheBackgroundChildren(t *testing.T) {
 			t.Fatalf("the background child never started: %s", out.String())
 		}
 	}
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) }) // should the test fail
 	if code, stdout, errs := runDlock(t, "release", "--force", name); code != 0 || !strings.Contains(stdout, "released") {
 		t.Fatalf("release --force: exit %d, %q %q", code, stdout, errs)
 	}
