@@ -542,25 +542,11 @@ func TestRunHoldsTheLockUntilBackgroundChildrenExit(t *testing.T) {
 	name := uniqueName(t)
 	dir := t.TempDir()
 	leader, goFile, doneFile := filepath.Join(dir, "leader"), filepath.Join(dir, "go"), filepath.Join(dir, "done")
-	script := `(while [ ! -e ` + goFile + ` ]; do sleep 0.01; done; touch ` + doneFile + `) & echo $$ > ` + leader + `.tmp; mv ` + leader + `.tmp ` + leader + `; exit 4`
-	cmd := dlockCmd(t, "run", name, "--", "sh", "-c", script)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() { _ = os.WriteFile(goFile, nil, 0o644); _ = cmd.Process.Kill() })
 	// The command itself (the shell) exits at once, leaving its background child.
-	var pid int
-	for deadline := time.Now().Add(10 * time.Second); pid == 0; time.Sleep(5 * time.Millisecond) {
-		if b, err := os.ReadFile(leader); err == nil {
-			pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
-		} else if time.Now().After(deadline) {
-			t.Fatalf("the command never started: %s", out.String())
-		}
-	}
+	script := `(while [ ! -e ` + goFile + ` ]; do sleep 0.01; done; touch ` + doneFile + `) & ` + writePid("$$", leader) + `; exit 4`
+	r := startBgRun(t, script, leader, name)
+	out, exited, pid := r.out, r.exited, r.pid
+	t.Cleanup(func() { _ = os.WriteFile(goFile, nil, 0o644) })
 	t.Cleanup(func() { _ = syscall.Kill(-pid, syscall.SIGKILL) }) // the group, should the test fail
 	for deadline := time.Now().Add(10 * time.Second); syscall.Kill(pid, 0) == nil; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
@@ -598,26 +584,11 @@ func TestRunHoldsTheLockUntilBackgroundChildrenExit(t *testing.T) {
 // with the lost-lease code.
 func TestLostLeaseStopsTheBackgroundChildren(t *testing.T) {
 	name := uniqueName(t)
-	dir := t.TempDir()
-	child := filepath.Join(dir, "child")
+	child := filepath.Join(t.TempDir(), "child")
+	// The subshell (the background child) is the parent of the sh that writes its pid.
 	script := `(trap 'echo child-got-term; exit 0' TERM; sh -c 'echo $PPID' > ` + child + `.tmp; mv ` + child + `.tmp ` + child + `; while :; do sleep 0.01; done) & exit 0`
-	cmd := dlockCmd(t, "run", "--grace", "2s", name, "--", "sh", "-c", script)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() { _ = cmd.Process.Kill() })
-	var pid int
-	for deadline := time.Now().Add(10 * time.Second); pid == 0; time.Sleep(5 * time.Millisecond) {
-		if b, err := os.ReadFile(child); err == nil {
-			pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
-		} else if time.Now().After(deadline) {
-			t.Fatalf("the background child never started: %s", out.String())
-		}
-	}
+	r := startBgRun(t, script, child, "--grace", "2s", name)
+	out, exited, pid := r.out, r.exited, r.pid
 	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) }) // should the test fail
 	if code, stdout, errs := runDlock(t, "release", "--force", name); code != 0 || !strings.Contains(stdout, "released") {
 		t.Fatalf("release --force: exit %d, %q %q", code, stdout, errs)
@@ -646,27 +617,12 @@ func TestRunUnderANonReapingParentReleases(t *testing.T) {
 	}
 	t.Cleanup(func() { syscall.RawSyscall(syscall.SYS_PRCTL, prSetChildSubreaper, 0, 0) })
 	name := uniqueName(t)
-	dir := t.TempDir()
-	child := filepath.Join(dir, "child")
+	child := filepath.Join(t.TempDir(), "child")
 	// The background child records its pid, then exits 0.2s later.
-	script := `sh -c 'echo $$ > ` + child + `.tmp; mv ` + child + `.tmp ` + child + `; sleep 0.2' & exit 0`
-	cmd := dlockCmd(t, "run", name, "--", "sh", "-c", script)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	var pid int
-	for deadline := time.Now().Add(10 * time.Second); pid == 0; time.Sleep(5 * time.Millisecond) {
-		if b, err := os.ReadFile(child); err == nil {
-			pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
-		} else if time.Now().After(deadline) {
-			t.Fatalf("the background child never started: %s", out.String())
-		}
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); var ws syscall.WaitStatus; syscall.Wait4(pid, &ws, 0, nil) })
+	script := `sh -c '` + writePid("$$", child) + `; sleep 0.2' & exit 0`
+	r := startBgRun(t, script, child, name)
+	out, exited, pid := r.out, r.exited, r.pid
+	t.Cleanup(func() { var ws syscall.WaitStatus; _, _ = syscall.Wait4(pid, &ws, 0, nil) })
 	select {
 	case err := <-exited:
 		if code := exitCode(err); code != 0 {
@@ -676,4 +632,40 @@ func TestRunUnderANonReapingParentReleases(t *testing.T) {
 		st, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 		t.Fatalf("dlock still holds the lock 5s after the command and its only child exited (child: %s)", st)
 	}
+}
+
+// bgRun is a `dlock run` whose command reports a pid through a file (see startBgRun).
+type bgRun struct {
+	out    *bytes.Buffer
+	exited chan error // dlock's exit
+	pid    int        // the pid the command wrote
+}
+
+// startBgRun starts `dlock run ARGS -- sh -c script` and waits for the pid the script writes
+// to pidFile (with a .tmp file renamed into place). dlock's output goes to out; exited gets
+// its exit. A file written by another process has no event to wait on: it is polled.
+func startBgRun(t *testing.T, script, pidFile string, args ...string) *bgRun {
+	t.Helper()
+	cmd := dlockCmd(t, append(append([]string{"run"}, args...), "--", "sh", "-c", script)...)
+	r := &bgRun{out: &bytes.Buffer{}, exited: make(chan error, 1)}
+	cmd.Stdout, cmd.Stderr = r.out, r.out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { r.exited <- cmd.Wait() }()
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	for deadline := time.Now().Add(10 * time.Second); r.pid == 0; time.Sleep(5 * time.Millisecond) {
+		if b, err := os.ReadFile(pidFile); err == nil {
+			r.pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+		} else if time.Now().After(deadline) {
+			t.Fatalf("the command never wrote its pid: %s", r.out.String())
+		}
+	}
+	return r
+}
+
+// writePid is a shell command writing pid (a shell expression) to file, renamed into place
+// whole.
+func writePid(pid, file string) string {
+	return `echo ` + pid + ` > ` + file + `.tmp; mv ` + file + `.tmp ` + file
 }
