@@ -669,3 +669,42 @@ func startBgRun(t *testing.T, script, pidFile string, args ...string) *bgRun {
 func writePid(pid, file string) string {
 	return `echo ` + pid + ` > ` + file + `.tmp; mv ` + file + `.tmp ` + file
 }
+
+// Orphans of a command that runs on are reaped while it runs: dlock, their subreaper, leaves
+// no zombie to pile up under a long run.
+func TestRunReapsOrphansWhileTheCommandRuns(t *testing.T) {
+	name := uniqueName(t)
+	dir := t.TempDir()
+	orphan, goFile := filepath.Join(dir, "orphan"), filepath.Join(dir, "go")
+	// The inner shell starts a short sleep in the background and exits: the sleep is orphaned
+	// (to dlock) and exits 50 ms later, while the command waits for goFile.
+	script := `sh -c 'sleep 0.05 & ` + writePid("$!", orphan) + `'; while [ ! -e ` + goFile + ` ]; do sleep 0.01; done`
+	r := startBgRun(t, script, orphan, name)
+	t.Cleanup(func() { _ = os.WriteFile(goFile, nil, 0o644) })
+	stat := "/proc/" + strconv.Itoa(r.pid) + "/stat"
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		b, err := os.ReadFile(stat)
+		if err != nil {
+			break // reaped
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the orphan is still there 5s on, while the command runs: %s", b)
+		}
+	}
+	select {
+	case err := <-r.exited:
+		t.Fatalf("dlock exited (%v) before the command did: %s", err, r.out.String())
+	default:
+	}
+	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-r.exited:
+		if code := exitCode(err); code != 0 {
+			t.Fatalf("dlock exited %d: %s", code, r.out.String())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("dlock did not exit after the command did")
+	}
+}

@@ -280,6 +280,9 @@ func (o *runOpts) run(stdout, stderr io.Writer) error {
 	target := cmd.Process.Pid
 	if group {
 		target = -target
+		reaping := make(chan struct{})
+		defer close(reaping)
+		go reapOrphans(cmd.Process.Pid, reaping)
 	}
 
 	code := exitOK
@@ -496,42 +499,6 @@ func acquire(m locker, once bool, wait time.Duration, sigs <-chan os.Signal) (*d
 		return l, nil, err
 	}
 }
-
-// waitGroup keeps the lease while the command's process group (target < 0) still has
-// members after the command itself exited: children it started in the background run on
-// under the lock, as a lock taken with flock stays held while a child keeps its descriptor.
-// Signals are forwarded to the group meanwhile. It reports false when the lease was lost
-// first (the caller stops the group).
-func waitGroup(target int, lease *dlock.Lease, sigs <-chan os.Signal) bool {
-	for groupAlive(target) {
-		select {
-		case sig := <-sigs:
-			_ = syscall.Kill(target, sig.(syscall.Signal))
-		case <-lease.Done():
-			return false
-		case <-time.After(20 * time.Millisecond): // no event tells when the last of a group exits
-		}
-	}
-	return true
-}
-
-// groupAlive reports whether the process group (target < 0) has a member left. It first
-// reaps dlock's own exited children: the command's orphans, reparented to dlock (its
-// subreaper), which unreaped would count as members forever. Called only once the command
-// itself has been waited for, so no other wait is robbed (until then its orphans' zombies
-// wait).
-func groupAlive(target int) bool {
-	for {
-		if pid, err := syscall.Wait4(-1, nil, syscall.WNOHANG, nil); pid <= 0 || err != nil {
-			break
-		}
-	}
-	err := syscall.Kill(target, 0)
-	return err == nil || err == syscall.EPERM // EPERM: a member under another user id
-}
-
-// leaderGone is stop's exited channel for a command that has already exited.
-var leaderGone = func() chan error { c := make(chan error); close(c); return c }()
 
 // stop ends the command (its process group when target < 0): SIGTERM, then SIGKILL after
 // grace. A group is stopped whole: its leader exiting early does not spare a child that
