@@ -61,14 +61,10 @@ func reapOrphans(leader int, done <-chan struct{}) {
 	signal.Notify(exits, syscall.SIGCHLD)
 	defer signal.Stop(exits)
 	for {
-		select {
-		case <-done:
-			return
-		case <-exits:
-		}
 		// Peek at an exited child without reaping it, and reap it only if it is not the
 		// command: the command's status belongs to os/exec. Orphans behind an exited command
-		// wait for groupAlive, which runs once the command has been waited for.
+		// wait for groupAlive, which runs once the command has been waited for. The first
+		// pass runs at once: an orphan may have exited before Notify.
 		for {
 			pid, ok := exitedChild()
 			if !ok || pid == leader {
@@ -78,6 +74,11 @@ func reapOrphans(leader int, done <-chan struct{}) {
 			if _, err := syscall.Wait4(pid, &ws, syscall.WNOHANG, nil); err != nil {
 				break
 			}
+		}
+		select {
+		case <-done:
+			return
+		case <-exits:
 		}
 	}
 }
