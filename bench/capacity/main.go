@@ -250,44 +250,19 @@ func memory(ctx context.Context, p prim) *memResult {
 	m := &memResult{srv: s, admin: admin, client: c, rdb: rdb}
 	m.base = read(ctx, admin)
 	rels := make([]func(context.Context) error, *heldN)
-	var wg sync.WaitGroup
-	var next atomic.Int64
-	for range *workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= *heldN {
-					return
-				}
-				rel, err := p.acquire(ctx, c, "cap:", i)
-				if err != nil {
-					log.Fatalf("%s hold: %v", p.name, err)
-				}
-				rels[i] = rel
-			}
-		}()
-	}
-	wg.Wait()
+	forEach(*heldN, *workers, func(i int) {
+		rel, err := p.acquire(ctx, c, "cap:", i)
+		if err != nil {
+			log.Fatalf("%s hold: %v", p.name, err)
+		}
+		rels[i] = rel
+	})
 	held := read(ctx, admin)
-	next.Store(0)
-	for range *workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= *heldN {
-					return
-				}
-				if err := rels[i](ctx); err != nil {
-					log.Fatalf("%s release: %v", p.name, err)
-				}
-			}
-		}()
-	}
-	wg.Wait()
+	forEach(*heldN, *workers, func(i int) {
+		if err := rels[i](ctx); err != nil {
+			log.Fatalf("%s release: %v", p.name, err)
+		}
+	})
 	m.released = time.Now()
 	recent := read(ctx, admin)
 	n := float64(*heldN)
@@ -547,4 +522,21 @@ func main() {
 	fmt.Printf("- memory per million held locks = bytes per held lock × 1e6 (Mutex %.0f MB); per million waiters %.0f MB.\n", mems[0].held, perWaiter)
 	fmt.Printf("- N masters ≈ N × the per-shard rate for independent names (hash tags keep each lock on one slot; names spread as above); one hot lock stays on one shard.\n")
 	fmt.Printf("- On %d CPUs the client and all %d masters share the cores, so the Cluster's total throughput cannot grow here; compare per-acquisition cost instead.\n", runtime.NumCPU(), *clusterN)
+}
+
+// forEach calls f(i) for i in [0, n) from the given number of goroutines, and returns when
+// every call has.
+func forEach(n, workers int, f func(i int)) {
+	var wg sync.WaitGroup
+	var next atomic.Int64
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1)) - 1; i < n; i = int(next.Add(1)) - 1 {
+				f(i)
+			}
+		}()
+	}
+	wg.Wait()
 }
