@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/bsm/redislock"
@@ -37,6 +38,8 @@ func newRWLocker(ctx context.Context, name string, e *env, c *dlock.Client) (rwL
 		return &dlockRW{c: c}, nil
 	case "dlock": // the same workload under a Mutex: reads exclude each other too
 		return &dlockRW{c: c, mutex: true}, nil
+	case "local-rw": // the workload's ceiling: an in-memory lock, no hand-off between processes
+		return &localRW{mu: &localRWMu}, nil
 	case "pg-rw":
 		if e.pgURL == "" {
 			return nil, errors.New("pg-rw: PG_URL is not set")
@@ -128,6 +131,40 @@ func unlockLease(ctx context.Context, l **dlock.Lease) error {
 	}
 	return ls.Unlock(ctx)
 }
+
+// --- local-rw: Go's sync.RWMutex, shared by the goroutines of one process. Not a distributed
+// lock: it measures what the read-heavy workload allows when a hand-off costs almost nothing
+// (a blocked Lock keeps new readers out, as RWMutex's FIFO does), so it runs in a scenario of
+// one process only.
+
+// localRWMu is the one name's lock of the worker process.
+var localRWMu sync.RWMutex
+
+type localRW struct {
+	mu    *sync.RWMutex
+	write bool
+}
+
+func (l *localRW) lock(_ context.Context, _ string, write bool) error {
+	if write {
+		l.mu.Lock()
+	} else {
+		l.mu.RLock()
+	}
+	l.write = write
+	return nil
+}
+
+func (l *localRW) unlock(context.Context) error {
+	if l.write {
+		l.mu.Unlock()
+	} else {
+		l.mu.RUnlock()
+	}
+	return nil
+}
+
+func (l *localRW) close() {}
 
 // --- pg: pg_advisory_lock_shared to read, pg_advisory_lock to write, one connection per goroutine.
 

@@ -58,6 +58,9 @@ var scenarios = []scenario{
 	// Reported after the special scenarios (sections 10 and 11).
 	{ID: "rw-4x8", Title: "10. Read-heavy 4×8: 4 processes × 8 goroutines, one name, 90 % reads (GET + 1 ms), 10 % writes (GET+SET)",
 		Procs: 4, Goroutines: 8, Keying: keyShared, CS: csGetSet, Workload: workRW, Libs: rwLibs},
+	{ID: "rw-1x32", Title: "10b. The read-heavy workload's ceiling: 1 process × 32 goroutines, the same operations",
+		Procs: 1, Goroutines: 32, Keying: keyShared, CS: csGetSet, Workload: workRW, Libs: rwCeilingLibs,
+		Note: "**local-rw** is Go's `sync.RWMutex` shared by the 32 goroutines of the one process: not a distributed lock, but the same rule (a waiting writer keeps new readers out) with a hand-off that costs almost nothing, so its ops/s are what this workload allows any lock on this machine. dlock-rw and pg-rw run the same shape beside it."},
 	{ID: "multi-4x8", Title: "11. Multi-lock 4×8: 4 processes × 8 goroutines, each operation takes 2–3 random names of 16, GET+SET of each name's counter",
 		Procs: 4, Goroutines: 8, Keying: "2–3 of 16", CS: csGetSet, Workload: workMulti, Libs: multiLibs},
 	{ID: replUncontendedID, Title: "14. Replication safety, uncontended: 1 process × 1 goroutine, a fresh key per operation, empty critical section",
@@ -72,6 +75,9 @@ var scenarios = []scenario{
 
 // rwLibs: dlock's RWMutex, dlock's Mutex on the same workload, PostgreSQL shared advisory locks.
 var rwLibs = []string{"dlock-rw", "dlock", "pg-rw"}
+
+// rwCeilingLibs: the read-heavy workload in one process, with an in-memory RWMutex as its ceiling.
+var rwCeilingLibs = []string{"local-rw", "dlock-rw", "pg-rw"}
 
 // multiLibs: dlock's MultiLock and ordered chains of single locks at three retry delays each.
 var multiLibs = []string{"dlock", "redsync-chain-1ms", "redsync-chain-10ms", "redsync-chain-100ms",
