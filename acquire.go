@@ -239,7 +239,7 @@ func (c *Client) tryHold(ctx context.Context, s holdSpec, queue bool) (*hold, ti
 			return nil, 0, c.notReplicated(ctx, s.name, k.lock, a, r)
 		}
 	} else {
-		res, err = scripts.Acquire.Run(ctx, c.rdb, ks, args...).Int64Slice()
+		res, err = c.runScript(ctx, scripts.Acquire, ks, args...).Int64Slice()
 	}
 	if err != nil {
 		if classify(err) == replyUnavailable {

@@ -62,6 +62,8 @@ type Client struct {
 	pendingReads map[string]*pendingRead
 
 	rl *redlock // NewRedlock's masters, or nil
+
+	runner ScriptRunner // WithScriptRunner's, or nil: go-redis runs the scripts
 }
 
 // New returns a Client over rdb: a *redis.Client (standalone or failover/Sentinel) or a
@@ -102,6 +104,13 @@ func newClient(rdb redis.UniversalClient, opts []Option) *Client {
 	c.obs = c.cfg.observer
 	if c.log == nil {
 		c.log = slog.New(slog.DiscardHandler)
+	}
+	c.runner = c.cfg.runner
+	if !c.cfg.runnerSet && !c.cfg.onGoRedis && testRunner != nil && !isNil(rdb) {
+		c.runner = testRunner(rdb)
+	}
+	if isNilRunner(c.runner) {
+		c.runner = nil // reported by validate
 	}
 	c.clock = c.cfg.clock
 	if c.clock == nil {

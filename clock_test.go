@@ -111,7 +111,7 @@ func TestLateAcquireReplyHandsOutNoLease(t *testing.T) {
 	rdb := redistest.Client(t)
 	h := &delayReply{dropReply: dropReply{sha: scripts.Acquire.Hash()}, delay: 250 * time.Millisecond}
 	rdb.AddHook(h)
-	c := dlock.New(rdb, dlock.WithTTL(200*time.Millisecond), dlock.WithoutCohort())
+	c := dlock.New(rdb, dlock.OnGoRedis(), dlock.WithTTL(200*time.Millisecond), dlock.WithoutCohort())
 	defer c.Close(ctx)
 	m := c.Mutex(redistest.Name(t))
 

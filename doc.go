@@ -100,4 +100,7 @@
 // permission, an evicting maxmemory-policy or a lost lease; it never writes to stderr.
 // WithObserver tells metrics and tracing code of every lock call, lease end and renewal.
 // README.md shows the minimal ACL; docs/DESIGN.md what each failure does.
+//
+// WithScriptRunner runs the Lua scripts through another client library, the go-redis client
+// keeping everything else: the dlockrueidis module runs them on rueidis (auto-pipelining).
 package dlock

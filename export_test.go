@@ -3,6 +3,8 @@ package dlock
 import (
 	"strconv"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // FixedLeaseOver is the loss of a fixed lease that ran out its TTL.
@@ -142,3 +144,13 @@ func SetLatchRecheck(t interface{ Cleanup(func()) }, d time.Duration) {
 	latchRecheck = d
 	t.Cleanup(func() { latchRecheck = old })
 }
+
+// SetTestScriptRunner makes every Client made without WithScriptRunner run its scripts through
+// the runner f returns for its go-redis client (nil: through go-redis), so the whole suite can
+// run through another client library (dlockrueidis's `make test-rueidis`).
+func SetTestScriptRunner(f func(redis.UniversalClient) ScriptRunner) { testRunner = f }
+
+// OnGoRedis keeps a Client's scripts on its go-redis client in every run of the suite: for
+// tests that inject faults into go-redis (hooks that lose or delay replies, a closed client),
+// which a script runner would not pass through. dlockrueidis tests its own transport faults.
+func OnGoRedis() Option { return func(c *config) { c.onGoRedis = true } }

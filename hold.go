@@ -134,7 +134,7 @@ func (h *hold) extend(ctx context.Context, ttl time.Duration) error {
 			unacked = h.c.notReplicated(ctx, h.name, h.keys.lock, a, r)
 		}
 	} else {
-		n, err = scripts.Extend.Run(ctx, h.c.rdb, []string{h.keys.lock}, h.holdID, ttl.Milliseconds()).Int()
+		n, err = h.c.runScript(ctx, scripts.Extend, []string{h.keys.lock}, h.holdID, ttl.Milliseconds()).Int()
 	}
 	if err != nil {
 		return redisErr("extend", h.name, err)
@@ -238,17 +238,23 @@ const (
 // runRelease runs the release script for owner's hold holdID in mode; undo, for a waiter
 // leaving the queue, names its wait's earlier hold ids whose holds go too (holdSpec.undo).
 func runRelease(ctx context.Context, c *Client, k keys, owner, holdID string, a access, sem semSpec, mode releaseMode, undo ...string) (int, error) {
-	return runReleaseOn(ctx, c.rdb, c, k, owner, holdID, a, sem, mode, undo...)
+	keys, args := releaseCall(c, k, owner, holdID, a, sem, mode, undo)
+	return c.runScript(ctx, scripts.Release, keys, args...).Int()
 }
 
 // runReleaseOn is runRelease sent through rdb: a node's own client where the Client's would
 // route it (a Cluster's) through calls of its own that may hang on another node.
 func runReleaseOn(ctx context.Context, rdb redis.Scripter, c *Client, k keys, owner, holdID string, a access, sem semSpec, mode releaseMode, undo ...string) (int, error) {
-	return scripts.Release.Run(ctx, rdb,
-		[]string{k.lock, k.opLog, k.fence, k.queue, k.live},
-		owner, holdID, opLogTTL.Milliseconds(), k.channel, mode == releaseIfAcquired,
-		grantGrace.Milliseconds(), c.publishCmd, mode == releaseLeavingQueue,
-		bargeWindow.Milliseconds(), string(a), strings.Join(undo, " "), sem.permits, sem.n).Int()
+	keys, args := releaseCall(c, k, owner, holdID, a, sem, mode, undo)
+	return scripts.Release.Run(ctx, rdb, keys, args...).Int()
+}
+
+// releaseCall is the release script's keys and arguments (release.lua).
+func releaseCall(c *Client, k keys, owner, holdID string, a access, sem semSpec, mode releaseMode, undo []string) ([]string, []any) {
+	return []string{k.lock, k.opLog, k.fence, k.queue, k.live},
+		[]any{owner, holdID, opLogTTL.Milliseconds(), k.channel, mode == releaseIfAcquired,
+			grantGrace.Milliseconds(), c.publishCmd, mode == releaseLeavingQueue,
+			bargeWindow.Milliseconds(), string(a), strings.Join(undo, " "), sem.permits, sem.n}
 }
 
 // access is how a hold holds its lock: a mutex's (""), a read-write lock's shared ("r")

@@ -184,7 +184,7 @@ func (c *Client) ForceRelease(ctx context.Context, name string) (bool, error) {
 		return c.rl.forceRelease(ctx, name)
 	}
 	k := lockKeys(c.cfg.keyPrefix(), name)
-	n, err := scripts.ForceRelease.Run(ctx, c.rdb, []string{k.lock, k.opLog, k.fence, k.queue, k.live},
+	n, err := c.runScript(ctx, scripts.ForceRelease, []string{k.lock, k.opLog, k.fence, k.queue, k.live},
 		opLogTTL.Milliseconds(), k.channel, grantGrace.Milliseconds(), c.publishCmd).Int()
 	if err != nil {
 		return false, redisErr("force release", name, err)

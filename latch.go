@@ -69,7 +69,7 @@ func (d *Latch) TrySetCount(ctx context.Context, count int) (bool, error) {
 	if count < 1 {
 		return false, fmt.Errorf("%w: latch %q: count %d: must be at least 1", ErrInvalid, d.name, count)
 	}
-	set, err := scripts.LatchSet.Run(ctx, d.c.rdb, []string{d.keys.lock, d.keys.opLog}, count, d.ttl.Milliseconds(),
+	set, err := d.c.runScript(ctx, scripts.LatchSet, []string{d.keys.lock, d.keys.opLog}, count, d.ttl.Milliseconds(),
 		d.c.nextHoldID(), opLogTTL.Milliseconds()).Int()
 	if err != nil {
 		return false, redisErr("set latch", d.name, err)
@@ -90,7 +90,7 @@ func (d *Latch) CountDown(ctx context.Context) error {
 	k := d.keys
 	// One id per call: go-redis may resend the script after a lost reply, which must not
 	// count twice.
-	err := scripts.LatchDown.Run(ctx, d.c.rdb, []string{k.lock, k.opLog}, d.ttl.Milliseconds(), k.channel, d.c.publishCmd,
+	err := d.c.runScript(ctx, scripts.LatchDown, []string{k.lock, k.opLog}, d.ttl.Milliseconds(), k.channel, d.c.publishCmd,
 		d.c.nextHoldID(), opLogTTL.Milliseconds()).Err()
 	if err != nil {
 		return redisErr("count down latch", d.name, err)

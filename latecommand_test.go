@@ -38,7 +38,7 @@ func TestLateFirstAttemptOfASharedReadLeavesTheReadHold(t *testing.T) {
 	rdb := redistest.Client(t)
 	hook := &heldBack{n: 1, cleanUps: true}
 	rdb.AddHook(hook)
-	c := dlock.New(rdb)
+	c := dlock.New(rdb, dlock.OnGoRedis())
 	defer c.Close(context.Background())
 	name := redistest.Name(t)
 	r := must(t)(c.RWMutex(name).RLock(ctx)) // first attempt held back; the wait goes on and gets it
@@ -83,7 +83,7 @@ func TestLateAttemptCutFromAWaitsUndoListLeavesItsHold(t *testing.T) {
 	rdb := redistest.Client(t)
 	hook := &heldBack{n: 17}
 	rdb.AddHook(hook)
-	c := dlock.New(rdb, dlock.WithoutCohort())
+	c := dlock.New(rdb, dlock.OnGoRedis(), dlock.WithoutCohort())
 	defer c.Close(context.Background())
 	name := redistest.Name(t)
 	l := must(t)(c.Mutex(name).Lock(ctx)) // 17 attempts held back, the 18th takes the lock
@@ -296,7 +296,7 @@ func resendingClient(t *testing.T, sc *redis.Script, marker string) (*dlock.Clie
 		}}, nil
 	}
 	rdb := redis.NewClient(o)
-	c := dlock.New(rdb)
+	c := dlock.New(rdb, dlock.OnGoRedis()) // go-redis's own resend is what is tested
 	t.Cleanup(func() {
 		_ = c.Close(context.Background())
 		_ = rdb.Close()

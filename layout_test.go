@@ -118,7 +118,7 @@ func TestNilAndClosedRedisClients(t *testing.T) {
 	}
 	rdb := redistest.Shared(t).Client()
 	_ = rdb.Close()
-	c := dlock.New(rdb)
+	c := dlock.New(rdb, dlock.OnGoRedis()) // the go-redis client's own closing is what is tested
 	defer c.Close(ctx)
 	for _, wait := range []bool{false, true} {
 		m := c.Mutex(redistest.Name(t))

@@ -55,7 +55,7 @@ func TestLoggerWarnsWhenUnlockFindsTheHoldGone(t *testing.T) {
 			name := redistest.Name(t)
 			hook := &delBeforeRelease{raw: redistest.Client(t), key: lockKey(name)}
 			rdb.AddHook(hook)
-			c := dlock.New(rdb, dlock.WithLogger(slog.New(logs)))
+			c := dlock.New(rdb, dlock.OnGoRedis(), dlock.WithLogger(slog.New(logs)))
 			defer c.Close(context.Background())
 			ctx := ctxT(t)
 			var l *dlock.Lease

@@ -51,7 +51,7 @@ func clientDropping(t *testing.T, sha string, drops int32) (*dlock.Client, *redi
 	h := &dropReply{sha: sha}
 	h.drops.Store(drops)
 	rdb.AddHook(h)
-	c := dlock.New(rdb, dlock.WithoutCohort()) // every hold is its own Redis hold
+	c := dlock.New(rdb, dlock.OnGoRedis(), dlock.WithoutCohort()) // every hold is its own Redis hold
 	t.Cleanup(func() { _ = c.Close(context.Background()) })
 	return c, rdb
 }
@@ -310,7 +310,7 @@ func TestCohortAttemptArrivingLateLeavesTheLaterHoldAlone(t *testing.T) {
 	rdb := redistest.Client(t)
 	hook := &heldBack{n: 1, cleanUps: true}
 	rdb.AddHook(hook)
-	c := dlock.New(rdb)
+	c := dlock.New(rdb, dlock.OnGoRedis())
 	defer c.Close(context.Background())
 	name := redistest.Name(t)
 	if _, err := c.Mutex(name).TryLock(ctx); err == nil || errors.Is(err, dlock.ErrNotObtained) {

@@ -340,7 +340,7 @@ func (c *Client) takeTogether(ctx context.Context, specs []holdSpec, taken []*ho
 			c.abandon(specs[i], ids[j])
 		}
 	}
-	res, err := scripts.MultiAcquire.Run(ctx, c.rdb, ks, args...).Int64Slice()
+	res, err := c.runScript(ctx, scripts.MultiAcquire, ks, args...).Int64Slice()
 	if err != nil && strings.HasPrefix(err.Error(), "CROSSSLOT") {
 		// A proxy in front of a sharded deployment, behind a single endpoint: member by
 		// member from now on, as on a Cluster.

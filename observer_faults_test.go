@@ -110,7 +110,7 @@ func TestObserverNotToldOfLeasesNeverHandedOut(t *testing.T) {
 			rdb := redistest.Client(t)
 			hook := &cancelAfterAcquire{}
 			rdb.AddHook(hook)
-			c := dlock.New(rdb, dlock.WithObserver(z.observer()))
+			c := dlock.New(rdb, dlock.OnGoRedis(), dlock.WithObserver(z.observer()))
 			defer c.Close(context.Background())
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
@@ -159,7 +159,7 @@ func TestObserverNoLossForARenewalOvertakenByUnlock(t *testing.T) {
 	rdb := redistest.Client(t)
 	hook := &blockRenewal{reached: make(chan struct{}), release: make(chan struct{})}
 	rdb.AddHook(hook)
-	c := dlock.New(rdb, dlock.WithObserver(z.observer()), dlock.WithTTL(200*time.Millisecond))
+	c := dlock.New(rdb, dlock.OnGoRedis(), dlock.WithObserver(z.observer()), dlock.WithTTL(200*time.Millisecond))
 	defer c.Close(context.Background())
 	ctx := ctxT(t)
 	l, err := c.Mutex(redistest.Name(t), dlock.WithoutCohort()).Lock(ctx)

@@ -64,6 +64,9 @@ type config struct {
 	logger     *slog.Logger     // default: discard (a Client option only)
 	ack        replicaAck       // default: off (WithReplicaAck)
 	observer   *Observer        // default: none (a Client option only)
+	runner     ScriptRunner     // default: none, go-redis runs the scripts (a Client option only)
+	runnerSet  bool
+	onGoRedis  bool // tests only (export_test.go): never the suite's runner (testRunner)
 }
 
 // WithTTL sets the lease TTL. With renewal on (the default) the lease is renewed every TTL/4
@@ -162,6 +165,9 @@ func (c config) validate() error {
 	}
 	if d := c.driftFactor(); !(d >= 0 && d < 0.5) {
 		return fmt.Errorf("%w: drift %v: must be in [0, 0.5)", ErrInvalid, d)
+	}
+	if c.runnerSet && isNilRunner(c.runner) {
+		return fmt.Errorf("%w: nil ScriptRunner", ErrInvalid)
 	}
 	return c.ack.validate()
 }

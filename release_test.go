@@ -48,7 +48,7 @@ func TestFailedUnlockIsRetriedInTheBackground(t *testing.T) {
 			scripts.Release.Load(ctx, rdb) // so the release goes as EVALSHA, which the hook knows
 			h := &failBefore{sha: scripts.Release.Hash()}
 			rdb.AddHook(h)
-			c := dlock.New(rdb)
+			c := dlock.New(rdb, dlock.OnGoRedis())
 			t.Cleanup(func() { _ = c.Close(context.Background()) })
 			other, _ := newClient(t)
 			name := redistest.Name(t)

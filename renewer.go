@@ -204,16 +204,25 @@ func (r *renewer) renewBatch(ctx context.Context, due []*hold) {
 		rdb = node
 	}
 	sent := r.c.now()
-	pipe := rdb.Pipeline()
-	cmds := make([]*redis.Cmd, len(due))
-	for i, l := range due {
-		cmds[i] = scripts.Extend.EvalSha(ctx, pipe, []string{l.keys.lock}, l.holdID, ttls[i].Milliseconds())
-	}
-	if ack.on() {
-		wait = ack.send(ctx, pipe, due[0].keys.lock)
-	}
 	began := time.Now()
-	_, _ = pipe.Exec(ctx)
+	var cmds []*redis.Cmd
+	if !ack.on() && r.c.runner != nil {
+		keys, args := make([][]string, len(due)), make([][]any, len(due))
+		for i, l := range due {
+			keys[i], args[i] = []string{l.keys.lock}, []any{l.holdID, ttls[i].Milliseconds()}
+		}
+		cmds = r.c.runScripts(ctx, scripts.Extend, keys, args) // the runner falls back to EVAL itself
+	} else {
+		pipe := rdb.Pipeline()
+		cmds = make([]*redis.Cmd, len(due))
+		for i, l := range due {
+			cmds[i] = scripts.Extend.EvalSha(ctx, pipe, []string{l.keys.lock}, l.holdID, ttls[i].Milliseconds())
+		}
+		if ack.on() {
+			wait = ack.send(ctx, pipe, due[0].keys.lock)
+		}
+		_, _ = pipe.Exec(ctx)
+	}
 	rtt := time.Since(began)
 	// Renewals cut short by Close are not news.
 	observe := r.c.observesRenewals() && r.c.checkOpen() == nil

@@ -53,7 +53,7 @@ func fastLockScript(fast, src string) *redis.Script {
 	return sourced(shebang + headSrc + fast + "\nlocal function full()\n" + libSrc + src + "\nend\nreturn full()\n")
 }
 
-// sources maps each lock script to its full source (written only while the package's
+// sources maps each script to its full source (written only while the package's
 // variables are initialised).
 var sources = map[*redis.Script]string{}
 
@@ -63,8 +63,8 @@ func sourced(src string) *redis.Script {
 	return s
 }
 
-// Source returns the full Lua source of one of this package's lock scripts, as Redis runs it
-// (for tools that run dlock's scripts through another client library); "" for any other.
+// Source returns the full Lua source of one of this package's scripts, as Redis runs it (for
+// running them through another client library); "" for any other script.
 func Source(s *redis.Script) string { return sources[s] }
 
 // Scripts run with EVALSHA and fall back to EVAL when the server has not cached them yet.
@@ -77,7 +77,7 @@ var (
 	LatchSet     = lockScript(latchSetSrc)
 	LatchDown    = lockScript(latchDownSrc)
 	// FenceFloor needs nothing of the library, only the shebang's checks.
-	FenceFloor = redis.NewScript(shebang + fenceFloorSrc)
+	FenceFloor = sourced(shebang + fenceFloorSrc)
 	// FencedSet writes to a resource that may live on any Redis, so it has no shebang.
-	FencedSet = redis.NewScript(fencedSetSrc)
+	FencedSet = sourced(fencedSetSrc)
 )

@@ -1,0 +1,238 @@
+package dlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/dlock-go/dlock/internal/scripts"
+	"github.com/redis/go-redis/v9"
+)
+
+// A ScriptRunner runs dlock's Lua scripts (acquire, release, renewal, the latch's and
+// multi-lock's) through another Redis client library, chosen with WithScriptRunner:
+// dlockrueidis runs them on rueidis, whose auto-pipelining serves many goroutines' calls with
+// fewer system calls. It is a transport only: the go-redis client given to New stays the one
+// that knows the deployment, and must reach the same one. On a Cluster it maps each lock to its
+// master (every call names its node) and dlock follows MOVED and ASK replies itself, so both
+// clients always agree on where a lock lives. Everything else stays on go-redis: the
+// notification connections (wake-ups and lease-loss pushes), Inspect, WithReplicaAck's calls
+// (the script and its WAIT must share a connection), a Redlock's masters.
+type ScriptRunner interface {
+	// RunScripts runs each call, in order, and returns one result per call: EVALSHA of its
+	// SHA1, then EVAL of its Source when the server has not cached the script (NOSCRIPT). A call
+	// with a Node goes to that node (its address as go-redis knows it, "host:port"), preceded
+	// there by ASKING when Asking is set, and a MOVED or ASK reply is returned, not followed;
+	// a call without one goes where the client's own routing sends it. The calls may go out
+	// together (pipelined); ctx bounds them all, and a call cut short by ctx may still run. A
+	// runner must not resend a call after a transport failure: the script may have run with
+	// its reply lost, and dlock decides what that means.
+	RunScripts(ctx context.Context, calls []ScriptCall) []ScriptResult
+}
+
+// A ScriptCall is one script to run: its SHA-1 (hex) and source, its keys and arguments, and
+// on a Cluster the node to run it on.
+type ScriptCall struct {
+	SHA1, Source string
+	Keys, Args   []string
+	Node         string // a Cluster node's address, or "" (not a Cluster)
+	Asking       bool   // send ASKING first: Node is the target of a slot migration (an ASK reply)
+}
+
+// A ScriptResult is one script's reply or error, in go-redis's terms, which is how dlock reads
+// them: a reply is an int64, a string, or a []any of replies; a nil reply is the error
+// redis.Nil. An error reply (WRONGTYPE, NOPERM, MOVED, LOADING, a script's own error) must
+// satisfy redis.Error, so dlock tells Redis's answers (nothing changed) from transport failures
+// and timeouts (the script may have run), which are returned as they are (a net.Error, io.EOF,
+// a context error). A closed client is redis.ErrClosed.
+type ScriptResult struct {
+	Val any
+	Err error
+}
+
+// WithScriptRunner runs dlock's Lua scripts through r instead of the go-redis client given to
+// New (see ScriptRunner for what stays on go-redis). Scripts under WithReplicaAck stay on
+// go-redis. A nil r is reported as ErrInvalid by every lock call. It is a Client option: given
+// to Client.Mutex it has no effect.
+func WithScriptRunner(r ScriptRunner) Option {
+	return func(c *config) {
+		c.runner = r
+		c.runnerSet = true
+	}
+}
+
+// isNilRunner reports a nil runner, or a nil pointer in the interface.
+func isNilRunner(r ScriptRunner) bool {
+	if r == nil {
+		return true
+	}
+	v := reflect.ValueOf(r)
+	return v.Kind() == reflect.Pointer && v.IsNil()
+}
+
+// testRunner, when set (only by tests, export_test.go), gives a Client made without
+// WithScriptRunner its runner, so the whole test suite runs through another client library.
+var testRunner func(redis.UniversalClient) ScriptRunner
+
+// maxRedirects bounds the MOVED and ASK replies one script call follows, as go-redis's
+// ClusterOptions.MaxRedirects does by default.
+const maxRedirects = 3
+
+// runScript runs s with keys and args through the Client's runner, or through its go-redis
+// client when it has none.
+func (c *Client) runScript(ctx context.Context, s *redis.Script, keys []string, args ...any) *redis.Cmd {
+	if c.runner == nil {
+		return s.Run(ctx, c.rdb, keys, args...)
+	}
+	call := scriptCall(s, keys, args)
+	r := c.runRouted(ctx, call)
+	return redis.NewCmdResult(r.Val, r.Err)
+}
+
+// runScripts runs a batch of calls of s (one per keys[i], args[i]) through the Client's
+// runner, pipelined; without one, it returns nil and the caller pipelines on go-redis.
+func (c *Client) runScripts(ctx context.Context, s *redis.Script, keys [][]string, args [][]any) []*redis.Cmd {
+	if c.runner == nil {
+		return nil
+	}
+	calls := make([]ScriptCall, len(keys))
+	routed := make([]bool, len(keys))
+	rs := make([]ScriptResult, len(keys))
+	for i := range keys {
+		calls[i] = scriptCall(s, keys[i], args[i])
+		if err := c.route(ctx, &calls[i]); err != nil {
+			rs[i], routed[i] = ScriptResult{Err: err}, true
+		}
+	}
+	var batch []ScriptCall
+	var at []int
+	for i := range calls {
+		if !routed[i] {
+			batch, at = append(batch, calls[i]), append(at, i)
+		}
+	}
+	if len(batch) > 0 {
+		got := c.runner.RunScripts(ctx, batch)
+		for j, i := range at {
+			if j >= len(got) {
+				rs[i] = ScriptResult{Err: fmt.Errorf("dlock: script runner returned %d results for %d calls", len(got), len(batch))}
+				continue
+			}
+			rs[i] = got[j]
+			if _, _, ok := redirect(rs[i].Err); ok {
+				rs[i] = c.follow(ctx, calls[i], rs[i]) // the slot moved: this call alone, redirected
+			}
+		}
+	}
+	cmds := make([]*redis.Cmd, len(calls))
+	for i, r := range rs {
+		cmds[i] = redis.NewCmdResult(r.Val, r.Err)
+	}
+	return cmds
+}
+
+// runRouted runs one call on its node (on a Cluster, the master go-redis maps its key to),
+// following redirections.
+func (c *Client) runRouted(ctx context.Context, call ScriptCall) ScriptResult {
+	if err := c.route(ctx, &call); err != nil {
+		return ScriptResult{Err: err}
+	}
+	return c.follow(ctx, call, c.runOne(ctx, call))
+}
+
+// follow follows the MOVED or ASK reply r to call, up to maxRedirects times, as go-redis does:
+// MOVED also has go-redis reload its slot map, so later calls and the notifications go to the
+// slot's new master.
+func (c *Client) follow(ctx context.Context, call ScriptCall, r ScriptResult) ScriptResult {
+	for range maxRedirects {
+		addr, ask, ok := redirect(r.Err)
+		if !ok || call.Node == "" {
+			return r
+		}
+		if !ask {
+			c.topologyMayHaveChanged(ctx)
+		}
+		call.Node, call.Asking = addr, ask
+		r = c.runOne(ctx, call)
+	}
+	return r
+}
+
+func (c *Client) runOne(ctx context.Context, call ScriptCall) ScriptResult {
+	r := c.runner.RunScripts(ctx, []ScriptCall{call})
+	if len(r) != 1 {
+		return ScriptResult{Err: fmt.Errorf("dlock: script runner returned %d results for 1 call", len(r))}
+	}
+	return r[0]
+}
+
+// route names the node of call on a Cluster: the master go-redis maps its first key to.
+func (c *Client) route(ctx context.Context, call *ScriptCall) error {
+	cc, ok := c.rdb.(*redis.ClusterClient)
+	if !ok {
+		return nil
+	}
+	node, err := cc.MasterForKey(ctx, call.Keys[0])
+	if err != nil {
+		return err
+	}
+	call.Node = node.Options().Addr
+	return nil
+}
+
+// redirect parses a MOVED or ASK error reply: the address it names, and whether it is ASK.
+func redirect(err error) (addr string, ask, ok bool) {
+	var rerr redis.Error
+	if err == nil || !errors.As(err, &rerr) {
+		return "", false, false
+	}
+	msg := rerr.Error()
+	switch {
+	case strings.HasPrefix(msg, "MOVED "):
+	case strings.HasPrefix(msg, "ASK "):
+		ask = true
+	default:
+		return "", false, false
+	}
+	f := strings.Fields(msg)
+	if len(f) != 3 {
+		return "", false, false
+	}
+	return f[2], ask, true
+}
+
+func scriptCall(s *redis.Script, keys []string, args []any) ScriptCall {
+	a := make([]string, len(args))
+	for i, v := range args {
+		a[i] = scriptArg(v)
+	}
+	return ScriptCall{SHA1: s.Hash(), Source: scripts.Source(s), Keys: keys, Args: a}
+}
+
+// scriptArg writes an argument as go-redis does, for the types dlock's calls pass.
+func scriptArg(v any) string {
+	switch v := v.(type) {
+	case string:
+		return v
+	case int:
+		return strconv.Itoa(v)
+	case int64:
+		return strconv.FormatInt(v, 10)
+	case uint64:
+		return strconv.FormatUint(v, 10)
+	case bool:
+		if v {
+			return "1"
+		}
+		return "0"
+	case time.Duration:
+		return strconv.FormatInt(int64(v), 10)
+	case nil:
+		return ""
+	}
+	return fmt.Sprint(v)
+}
