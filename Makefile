@@ -1,7 +1,7 @@
 # dlock: `make demo` and `make test` do all set-up on a fresh Debian machine with Go.
 GO ?= go
 
-.PHONY: demo test test-ha bench bench-pg bench-all flashsale safety build redis-server prometheus clean
+.PHONY: demo test test-ha test-rueidis bench bench-pg bench-all flashsale safety build redis-server prometheus clean
 
 # redis-server is needed by the tests and by the demo's throwaway server; the failover tests
 # also build a small clock-offset shim with the C compiler.
@@ -37,8 +37,18 @@ test: redis-server prometheus
 	cd cmd/dlock && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 	cd dlockprom && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 	cd dlockotel && $(GO) vet ./... && $(GO) test -race -count=1 ./...
+	cd dlockrueidis && $(GO) vet ./... # its tests and the suite on rueidis: make test-rueidis
 	cd examples/usertest && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 	cd examples/flashsale && $(GO) vet ./... # its run needs PostgreSQL: make flashsale
+
+# The rueidis adapter (dlockrueidis/, its own module): its own tests, then the library's whole
+# test suite again with every Client's scripts on rueidis (go test -overlay lays the hook in
+# dlockrueidis/testdata over the root package's tests). About 4 minutes.
+test-rueidis: redis-server
+	cd dlockrueidis && $(GO) vet ./... && $(GO) test -race -count=1 ./...
+	ov=$$(mktemp) && trap 'rm -f '$$ov EXIT && \
+	  printf '{"Replace":{"%s/rueidis_suite_test.go":"%s/dlockrueidis/testdata/suite_hook_test.go"}}\n' "$(CURDIR)" "$(CURDIR)" > $$ov && \
+	  cd dlockrueidis && $(GO) test -race -count=1 -overlay $$ov github.com/dlock-go/dlock
 
 # High availability (ha_test.go): Cluster graceful and forced failovers, a Sentinel failover
 # and a paused-and-resumed Sentinel master, each repeated $$DLOCK_HA_REPS times (default 20)
