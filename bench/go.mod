@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	github.com/bsm/redislock v0.9.4
 	github.com/dlock-go/dlock v0.0.0
+	github.com/dlock-go/dlock/dlockrueidis v0.0.0
 	github.com/go-redsync/redsync/v4 v4.18.1
 	github.com/go-zookeeper/zk v1.0.4
 	github.com/jackc/pgx/v5 v5.12.0
@@ -37,3 +38,5 @@ require (
 )
 
 replace github.com/dlock-go/dlock => ../
+
+replace github.com/dlock-go/dlock/dlockrueidis => ../dlockrueidis

@@ -17,6 +17,7 @@ import (
 
 	"github.com/bsm/redislock"
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/dlockrueidis"
 	"github.com/go-redsync/redsync/v4"
 	rsgoredis "github.com/go-redsync/redsync/v4/redis/goredis/v9"
 	"github.com/jackc/pgx/v5"
@@ -28,7 +29,7 @@ import (
 // libNames lists every library in report order. pg, etcd and zookeeper run only when their
 // server is given (optionalEnv).
 var libNames = []string{
-	"dlock", "dlock-nocohort", "redsync", "redsync-1ms", "redsync-10ms", "redsync-100ms",
+	"dlock", "dlock-nocohort", "dlock-rueidis", "redsync", "redsync-1ms", "redsync-10ms", "redsync-100ms",
 	"redislock-100ms", "redislock-10ms", "redislock-1ms", "rueidislock", "pg", "etcd", "zookeeper", "raw",
 }
 
@@ -101,6 +102,12 @@ func newLib(name string, e *env) (lib, error) {
 		return &dlockLib{c: dlock.New(e.rdb)}, nil
 	case "dlock-nocohort":
 		return &dlockLib{c: dlock.New(e.rdb, dlock.WithoutCohort())}, nil
+	case "dlock-rueidis": // dlock with its scripts on rueidis (the dlockrueidis adapter)
+		rc, err := dlockrueidis.ClientFor(e.rdb)
+		if err != nil {
+			return nil, err
+		}
+		return &dlockLib{c: dlockrueidis.New(e.rdb, rc), rc: rc}, nil
 	case "redsync":
 		return &redsyncLib{rs: redsync.New(rsgoredis.NewPool(e.rdb))}, nil
 	case "redsync-1ms", "redsync-10ms", "redsync-100ms":
@@ -153,10 +160,19 @@ func retryPause(ctx context.Context, d time.Duration) error {
 
 // --- dlock: one Client per process, one Mutex handle per goroutine and key (reused).
 
-type dlockLib struct{ c *dlock.Client }
+type dlockLib struct {
+	c  *dlock.Client
+	rc rueidis.Client // dlock-rueidis: the client its scripts run on
+}
 
 func (d *dlockLib) newLocker(context.Context) (locker, error) { return &dlockLocker{c: d.c}, nil }
-func (d *dlockLib) close(ctx context.Context)                 { _ = d.c.Close(ctx) }
+
+func (d *dlockLib) close(ctx context.Context) {
+	_ = d.c.Close(ctx)
+	if d.rc != nil {
+		d.rc.Close()
+	}
+}
 
 type dlockLocker struct {
 	c   *dlock.Client

@@ -41,6 +41,20 @@ func (rp *report) perfTargets(row func(t, d, ref, res string)) {
 				ratio(n.OpsPerSec, pg.OpsPerSec)+", "+check(n.OpsPerSec >= pg.OpsPerSec))
 		}
 	}
+	// The rueidis adapter (dlockrueidis): the same dlock with its scripts on rueidis.
+	for _, sc := range []struct{ id, label string }{{"uncontended", "uncontended 1×1"}, {"uncontended-1x8", "uncontended 1×8"},
+		{"independent", "independent keys 1×64"}, {"contended-4x8", "contended 4×8"}} {
+		d, r := rp.find(sc.id, "dlock"), rp.find(sc.id, "dlock-rueidis")
+		if !ok(d) || !ok(r) {
+			continue
+		}
+		row(sc.label+": dlock-rueidis ops/s vs dlock on go-redis", fmt.Sprintf("%.0f", r.OpsPerSec), fmt.Sprintf("dlock %.0f", d.OpsPerSec),
+			ratio(r.OpsPerSec, d.OpsPerSec))
+		if bp := rp.bestPeer(sc.id); bp != nil && sc.id != "contended-4x8" {
+			row(sc.label+": dlock-rueidis ops/s vs best peer (≥ 1.0×)", fmt.Sprintf("%.0f", r.OpsPerSec), fmt.Sprintf("%s %.0f", bp.Library, bp.OpsPerSec),
+				ratio(r.OpsPerSec, bp.OpsPerSec)+", "+check(r.OpsPerSec >= bp.OpsPerSec))
+		}
+	}
 	if r := rp.find(memoryID, "dlock"); ok(r) && r.Memory != nil {
 		m := r.Memory
 		added := float64(m.RSSWaitingKB-m.RSSBeforeKB) / 1024

@@ -34,7 +34,7 @@ type scenario struct {
 	Note       string
 }
 
-var contendedLibs = []string{"dlock", "dlock-nocohort", "redsync", "redsync-1ms", "redsync-10ms", "redsync-100ms",
+var contendedLibs = []string{"dlock", "dlock-nocohort", "dlock-rueidis", "redsync", "redsync-1ms", "redsync-10ms", "redsync-100ms",
 	"redislock-100ms", "redislock-10ms", "redislock-1ms", "rueidislock", "pg", "etcd", "zookeeper"}
 
 var allLibs = append(append([]string(nil), contendedLibs...), "raw")
