@@ -58,8 +58,12 @@ func NewRedlock(masters []redis.UniversalClient, opts ...Option) *Client {
 	if len(masters) < 3 {
 		errs = append(errs, fmt.Errorf("%w: Redlock over %d masters: it needs at least 3 (a quorum must survive the loss of one)", ErrInvalid, len(masters)))
 	}
+	if c.cfg.runnerSet {
+		// One runner would send every master's scripts to the one deployment it reaches.
+		errs = append(errs, fmt.Errorf("%w: WithScriptRunner is not supported by a Redlock (one runner would send every master's scripts to one deployment): its masters run theirs on go-redis", ErrInvalid))
+	}
 	seen := make(map[string]int)
-	nodeOpts := append(slices.Clip(opts), WithoutCohort())
+	nodeOpts := append(slices.Clip(opts), WithoutCohort(), withoutScriptRunner())
 	for i, m := range masters {
 		if isNil(m) {
 			errs = append(errs, fmt.Errorf("%w: Redlock master %d is a nil Redis client", ErrInvalid, i))

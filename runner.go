@@ -65,6 +65,12 @@ func WithScriptRunner(r ScriptRunner) Option {
 	}
 }
 
+// withoutScriptRunner drops a WithScriptRunner given before it: a Redlock's masters never share
+// one (NewRedlock refuses it).
+func withoutScriptRunner() Option {
+	return func(c *config) { c.runner, c.runnerSet = nil, false }
+}
+
 // isNilRunner reports a nil runner, or a nil pointer in the interface.
 func isNilRunner(r ScriptRunner) bool {
 	if r == nil {
