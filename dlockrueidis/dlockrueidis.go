@@ -22,8 +22,10 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"strings"
+	"time"
 
 	"github.com/dlock-go/dlock"
 	"github.com/redis/go-redis/v9"
@@ -31,57 +33,82 @@ import (
 )
 
 // New returns a dlock Client over rdb whose scripts run on rc: dlock.New(rdb, opts...) with
-// dlock.WithScriptRunner(Runner(rc)) appended. rc must reach the deployment rdb reaches; Close
-// of the Client closes neither.
+// dlock.WithScriptRunner(RunnerFor(rdb, rc)) appended. rc must reach the deployment rdb
+// reaches; Close of the Client closes neither.
 func New(rdb redis.UniversalClient, rc rueidis.Client, opts ...dlock.Option) *dlock.Client {
-	return dlock.New(rdb, append(opts[:len(opts):len(opts)], dlock.WithScriptRunner(Runner(rc)))...)
+	return dlock.New(rdb, append(opts[:len(opts):len(opts)], dlock.WithScriptRunner(RunnerFor(rdb, rc)))...)
+}
+
+// RunnerFor is Runner(rc) with each call waiting for its reply at most rdb's ReadTimeout, as
+// go-redis's own calls do (none when it is negative; DefaultTimeout when it is 0 or rdb has
+// none).
+func RunnerFor(rdb redis.UniversalClient, rc rueidis.Client) dlock.ScriptRunner {
+	r := Runner(rc)
+	if rr, ok := r.(*runner); ok {
+		switch t := readTimeout(rdb); {
+		case t < 0:
+			rr.timeout = math.MaxInt64
+		case t > 0:
+			rr.timeout = t
+		}
+	}
+	return r
+}
+
+// readTimeout is rdb's ReadTimeout, or 0 when it has none (or is of another type).
+func readTimeout(rdb redis.UniversalClient) time.Duration {
+	switch r := rdb.(type) {
+	case *redis.Client:
+		if r != nil {
+			return r.Options().ReadTimeout
+		}
+	case *redis.ClusterClient:
+		if r != nil {
+			return r.Options().ReadTimeout
+		}
+	}
+	return 0
 }
 
 // Runner returns a dlock.ScriptRunner that runs scripts on rc: EVALSHA, then EVAL of the
 // source on NOSCRIPT, a batch as one DoMulti per node. On a Cluster each call goes to the node
 // dlock names (rc.Nodes()), which returns MOVED and ASK for dlock to follow. Error replies come back as
 // errors satisfying redis.Error, a nil reply as redis.Nil, a closed rc as redis.ErrClosed;
-// transport errors as rueidis returns them. Make rc with DisableRetry (ClientFor does): rueidis
-// retries only read-only commands, which dlock's scripts are not, but a lock library must never
-// have a write resent behind its back. A nil rc gives a nil Runner, which dlock reports as
-// ErrInvalid.
+// transport errors as rueidis returns them. Make rc with DisableRetry and AlwaysPipelining, as
+// ClientFor does: rueidis retries only read-only commands, which dlock's scripts are not, but a
+// lock library must never have a write resent behind its back; and without AlwaysPipelining a
+// lone call is written on the caller's goroutine to a connection nobody read since the last
+// call, so the first call after a server restart fails (unavailable) where go-redis, which checks
+// a pooled connection before reusing it, succeeds. A nil rc gives a nil Runner, which dlock reports as
+// ErrInvalid. A call waits for its reply at most DefaultTimeout (or its ctx's deadline, if
+// sooner), then fails as a timeout: an unknown outcome, as a go-redis read timeout is.
 func Runner(rc rueidis.Client) dlock.ScriptRunner {
 	if rc == nil {
 		return nil
 	}
-	return &runner{rc: rc}
+	return &runner{rc: rc, timeout: DefaultTimeout}
 }
 
-type runner struct{ rc rueidis.Client }
+// DefaultTimeout is how long a Runner's call waits for its reply when the caller's ctx allows
+// longer: go-redis's default ReadTimeout. New uses the go-redis client's own ReadTimeout.
+const DefaultTimeout = 3 * time.Second
+
+type runner struct {
+	rc      rueidis.Client
+	timeout time.Duration // the longest one call waits for its reply
+}
 
 func (r *runner) RunScripts(ctx context.Context, calls []dlock.ScriptCall) []dlock.ScriptResult {
-	rctx, done := cancellable(ctx)
-	defer done()
-	out := r.run(rctx, calls)
-	if err := ctx.Err(); err != nil {
-		for i := range out {
-			if errors.Is(out[i].Err, context.Canceled) {
-				out[i].Err = err // a deadline that passed reads as such, not as a cancellation
-			}
-		}
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) > r.timeout {
+		// rueidis sends a lone call on the calling goroutine with ctx's deadline on the
+		// connection, and then no longer watches ctx: a far deadline would let a call to a
+		// frozen server, or one cut short by Close, wait it out. Bound it as go-redis bounds a
+		// read (ReadTimeout); it then fails as a timeout, an unknown outcome.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, r.timeout)
+		defer cancel()
 	}
-	return out
-}
-
-// cancellable returns a context that ends when ctx does but carries no deadline. rueidis, given
-// a deadline, sends a lone call on the calling goroutine with the deadline on the connection
-// and no longer watches ctx, so a cancellation (Close cutting a waiter's attempt short) would
-// wait for the deadline; without one it watches ctx.Done.
-func cancellable(ctx context.Context) (context.Context, func()) {
-	if _, ok := ctx.Deadline(); !ok {
-		return ctx, func() {}
-	}
-	c, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	stop := context.AfterFunc(ctx, cancel)
-	return c, func() {
-		stop()
-		cancel()
-	}
+	return r.run(ctx, calls)
 }
 
 func (r *runner) run(ctx context.Context, calls []dlock.ScriptCall) []dlock.ScriptResult {
@@ -192,12 +219,14 @@ func convertErr(err error) error {
 // ClientFor returns a rueidis client for the deployment rdb reaches, with rdb's address (or a
 // Cluster's seed addresses), network (TCP or a unix socket), dialer, credentials, database and
 // TLS settings, its read or write timeout (the larger) as the connections' timeout, client-side
-// caching and retries off. It does not support go-redis's Sentinel
+// caching and retries off, and AlwaysPipelining on: every call then goes through rueidis's
+// background pipeline, whose reader notices a connection the server closed (a restart) before
+// the next call is written to it, and which watches ctx, so Close can cut a call short. It does not support go-redis's Sentinel
 // (failover) clients, Rings, or credentials providers: make those with rueidis.NewClient
 // yourself. rueidis connects at once: ClientFor fails when the server cannot be reached.
 // Close the client when done.
 func ClientFor(rdb redis.UniversalClient) (rueidis.Client, error) {
-	opt := rueidis.ClientOption{DisableCache: true, DisableRetry: true}
+	opt := rueidis.ClientOption{DisableCache: true, DisableRetry: true, AlwaysPipelining: true}
 	switch r := rdb.(type) {
 	case *redis.Client:
 		o := r.Options()

@@ -42,7 +42,7 @@ func init() {
 		}
 		if key != "" {
 			if rc, ok := rueidisClients.Load(key); ok {
-				return dlockrueidis.Runner(rc.(rueidis.Client))
+				return dlockrueidis.RunnerFor(rdb, rc.(rueidis.Client))
 			}
 		}
 		var rc rueidis.Client
@@ -52,7 +52,7 @@ func init() {
 			// (rueidis redials a dead node on its own schedule).
 			o := cc.Options()
 			rc, err = rueidis.NewClient(rueidis.ClientOption{InitAddress: o.Addrs, Username: o.Username,
-				Password: o.Password, DisableCache: true, DisableRetry: true})
+				Password: o.Password, DisableCache: true, DisableRetry: true, AlwaysPipelining: true})
 		} else {
 			rc, err = dlockrueidis.ClientFor(rdb)
 		}
@@ -65,6 +65,6 @@ func init() {
 				rc = prev.(rueidis.Client)
 			}
 		}
-		return dlockrueidis.Runner(rc)
+		return dlockrueidis.RunnerFor(rdb, rc)
 	})
 }
