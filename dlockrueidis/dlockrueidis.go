@@ -1,7 +1,8 @@
 // Package dlockrueidis runs dlock's Lua scripts on rueidis, whose auto-pipelining serves many
-// goroutines' calls with fewer system calls than go-redis: in dlock's benchmark, 1.33–1.35×
-// the uncontended Lock+Unlock rate of go-redis with 64 goroutines sharing one Client, 1.16× with
-// 8, the same with 1 (docs/BENCHMARKS.md, section 18).
+// goroutines' calls with fewer system calls than go-redis: in dlock's benchmark, with 8 or 64
+// goroutines sharing one Client on fresh locks, 1.12–1.26× the Lock+Unlock rate of dlock on
+// go-redis and 8–17 % less Redis CPU per acquisition; with a lone goroutine 0.82–0.84×
+// (docs/BENCHMARKS.md, section 18). It is for processes with many goroutines locking at once.
 //
 // The scripts (acquire, release, renewal, the multi-lock's and the latch's) are dlock's hot path
 // and go through rueidis; everything else stays on the go-redis client the dlock Client is made
