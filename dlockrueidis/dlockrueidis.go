@@ -23,6 +23,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net"
 	"strings"
@@ -41,35 +42,44 @@ func New(rdb redis.UniversalClient, rc rueidis.Client, opts ...dlock.Option) *dl
 }
 
 // RunnerFor is Runner(rc) with each call waiting for its reply at most rdb's ReadTimeout, as
-// go-redis's own calls do (none when it is negative; DefaultTimeout when it is 0 or rdb has
-// none).
+// go-redis's own calls do: without limit when rdb has none (ReadTimeout -1 or -2), and
+// DefaultTimeout when rdb is neither a *redis.Client nor a *redis.ClusterClient.
 func RunnerFor(rdb redis.UniversalClient, rc rueidis.Client) dlock.ScriptRunner {
 	r := Runner(rc)
 	if rr, ok := r.(*runner); ok {
-		switch t := readTimeout(rdb); {
-		case t < 0:
-			rr.timeout = math.MaxInt64
-		case t > 0:
+		if t, known := readTimeout(rdb); known {
 			rr.timeout = t
 		}
 	}
 	return r
 }
 
-// readTimeout is rdb's ReadTimeout, or 0 when it has none (or is of another type).
-func readTimeout(rdb redis.UniversalClient) time.Duration {
+// readTimeout is how long rdb waits for a reply (noTimeout for ever), and whether rdb says.
+// go-redis's Options, once the client is made, hold 0 or -1 for "no timeout" (set as -1 or -2).
+func readTimeout(rdb redis.UniversalClient) (time.Duration, bool) {
+	var t time.Duration
 	switch r := rdb.(type) {
 	case *redis.Client:
-		if r != nil {
-			return r.Options().ReadTimeout
+		if r == nil {
+			return 0, false
 		}
+		t = r.Options().ReadTimeout
 	case *redis.ClusterClient:
-		if r != nil {
-			return r.Options().ReadTimeout
+		if r == nil {
+			return 0, false
 		}
+		t = r.Options().ReadTimeout
+	default:
+		return 0, false
 	}
-	return 0
+	if t <= 0 {
+		return noTimeout, true
+	}
+	return t, true
 }
+
+// noTimeout is a runner's timeout when its calls wait for their reply as long as ctx allows.
+const noTimeout = time.Duration(math.MaxInt64)
 
 // Runner returns a dlock.ScriptRunner that runs scripts on rc: EVALSHA, then EVAL of the
 // source on NOSCRIPT, a batch as one DoMulti per node. On a Cluster each call goes to the node
@@ -77,7 +87,8 @@ func readTimeout(rdb redis.UniversalClient) time.Duration {
 // errors satisfying redis.Error, a nil reply as redis.Nil, a closed rc as redis.ErrClosed;
 // transport errors as rueidis returns them. Make rc with DisableRetry and AlwaysPipelining, as
 // ClientFor does: rueidis retries only read-only commands, which dlock's scripts are not, but a
-// lock library must never have a write resent behind its back; and without AlwaysPipelining a
+// lock library must never have a write resent behind its back (nor set ConnLifetime, after
+// which rueidis resends a call its expired connection did not answer); and without AlwaysPipelining a
 // lone call is written on the caller's goroutine to a connection nobody read since the last
 // call, so the first call after a server restart fails (unavailable) where go-redis, which checks
 // a pooled connection before reusing it, succeeds. A nil rc gives a nil Runner, which dlock reports as
@@ -91,8 +102,8 @@ func Runner(rc rueidis.Client) dlock.ScriptRunner {
 }
 
 // DefaultTimeout is how long a Runner's call waits for its reply when the caller's ctx allows
-// longer: go-redis's default ReadTimeout. New uses the go-redis client's own ReadTimeout.
-const DefaultTimeout = 3 * time.Second
+// longer: go-redis's default ReadTimeout. New and RunnerFor use the go-redis client's own.
+const DefaultTimeout = 5 * time.Second
 
 type runner struct {
 	rc      rueidis.Client
@@ -100,11 +111,12 @@ type runner struct {
 }
 
 func (r *runner) RunScripts(ctx context.Context, calls []dlock.ScriptCall) []dlock.ScriptResult {
-	if dl, ok := ctx.Deadline(); ok && time.Until(dl) > r.timeout {
-		// rueidis sends a lone call on the calling goroutine with ctx's deadline on the
-		// connection, and then no longer watches ctx: a far deadline would let a call to a
-		// frozen server, or one cut short by Close, wait it out. Bound it as go-redis bounds a
-		// read (ReadTimeout); it then fails as a timeout, an unknown outcome.
+	if dl, ok := ctx.Deadline(); r.timeout != noTimeout && (!ok || time.Until(dl) > r.timeout) {
+		// Bound the wait for a reply as go-redis bounds a read (ReadTimeout): without
+		// AlwaysPipelining rueidis sends a lone call on the calling goroutine with ctx's
+		// deadline on the connection and no longer watches ctx, so a far deadline (or none)
+		// would let a call to a frozen server, or one Close cut short, wait it out. It then
+		// fails as a timeout, an unknown outcome.
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, r.timeout)
 		defer cancel()
@@ -127,20 +139,29 @@ func (r *runner) run(ctx context.Context, calls []dlock.ScriptCall) []dlock.Scri
 		idx := byNode[node]
 		client := r.client(node)
 		var cmds rueidis.Commands
+		var sent []int // the calls whose commands were built, in order
 		for _, i := range idx {
+			cmd, err := build(func() rueidis.Completed { return evalsha(client, calls[i]) })
+			if err != nil {
+				out[i] = dlock.ScriptResult{Err: err}
+				continue
+			}
 			if calls[i].Asking {
 				cmds = append(cmds, client.B().Asking().Build())
 			}
-			cmds = append(cmds, evalsha(client, calls[i]))
+			cmds, sent = append(cmds, cmd), append(sent, i)
 		}
 		var res []rueidis.RedisResult
-		if len(cmds) == 1 {
+		switch len(cmds) {
+		case 0:
+			continue
+		case 1:
 			res = []rueidis.RedisResult{client.Do(ctx, cmds[0])}
-		} else {
+		default:
 			res = client.DoMulti(ctx, cmds...)
 		}
 		k := 0
-		for _, i := range idx {
+		for _, i := range sent {
 			if calls[i].Asking {
 				k++ // ASKING's own reply
 			}
@@ -149,6 +170,24 @@ func (r *runner) run(ctx context.Context, calls []dlock.ScriptCall) []dlock.Scri
 		}
 	}
 	return out
+}
+
+// build builds a command, turning the builder's panic into an error: a rueidis client in
+// Cluster mode refuses keys of different slots (a MultiLock's together attempt when the go-redis
+// client is not a Cluster's). That one reads as the CROSSSLOT reply a server gives, after which
+// dlock takes the members one by one; nothing was sent.
+func build(f func() rueidis.Completed) (cmd rueidis.Completed, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			msg := fmt.Sprint(p)
+			if strings.Contains(msg, "different key slots") {
+				err = replyError("CROSSSLOT Keys in request don't hash to the same slot (rueidis: " + msg + ")")
+			} else {
+				err = fmt.Errorf("dlockrueidis: building the command: %s", msg)
+			}
+		}
+	}()
+	return f(), nil
 }
 
 // client returns the client that sends to node: rc itself when node is "" (not a Cluster), or
@@ -174,24 +213,29 @@ func evalsha(client rueidis.Client, c dlock.ScriptCall) rueidis.Completed {
 // restarted server, a promoted replica), and converts the result.
 func (r *runner) fallback(ctx context.Context, client rueidis.Client, c dlock.ScriptCall, res rueidis.RedisResult) dlock.ScriptResult {
 	if re, ok := rueidis.IsRedisErr(res.Error()); ok && re.IsNoScript() {
-		eval := client.B().Eval().Script(c.Source).Numkeys(int64(len(c.Keys))).Key(c.Keys...).Arg(c.Args...).Build()
+		eval, err := build(func() rueidis.Completed {
+			return client.B().Eval().Script(c.Source).Numkeys(int64(len(c.Keys))).Key(c.Keys...).Arg(c.Args...).Build()
+		})
+		if err != nil {
+			return dlock.ScriptResult{Err: err}
+		}
 		if c.Asking {
 			res = client.DoMulti(ctx, client.B().Asking().Build(), eval)[1]
 		} else {
 			res = client.Do(ctx, eval)
 		}
 	}
-	return result(res)
+	return r.result(res)
 }
 
 // result converts a rueidis result to go-redis's terms.
-func result(res rueidis.RedisResult) dlock.ScriptResult {
+func (r *runner) result(res rueidis.RedisResult) dlock.ScriptResult {
 	if err := res.Error(); err != nil {
-		return dlock.ScriptResult{Err: convertErr(err)}
+		return dlock.ScriptResult{Err: r.convertErr(err)}
 	}
 	v, err := res.ToAny()
 	if err != nil {
-		return dlock.ScriptResult{Err: convertErr(err)}
+		return dlock.ScriptResult{Err: r.convertErr(err)}
 	}
 	return dlock.ScriptResult{Val: v}
 }
@@ -204,17 +248,38 @@ func (e replyError) Error() string { return string(e) }
 // RedisError marks the error as a reply from Redis (redis.Error).
 func (replyError) RedisError() {}
 
-func convertErr(err error) error {
+// convertErr converts a rueidis error: a nil reply is redis.Nil, an error reply a replyError,
+// and the client closed redis.ErrClosed. rueidis also says ErrClosing to the calls of a
+// connection it retires itself (a Sentinel client moving to the new master, a Cluster node
+// removed), and ErrNoSlot while it knows no node for a slot: those are no answer, as a broken
+// connection is (io.ErrUnexpectedEOF, which dlock reads as unavailable).
+func (r *runner) convertErr(err error) error {
 	switch {
 	case rueidis.IsRedisNil(err):
 		return redis.Nil
 	case errors.Is(err, rueidis.ErrClosing):
-		return fmt.Errorf("%w: %w", redis.ErrClosed, err)
+		if r.closed() {
+			return fmt.Errorf("%w: %w", redis.ErrClosed, err)
+		}
+		return fmt.Errorf("dlockrueidis: the call's connection ended before its reply (%w): %w", io.ErrUnexpectedEOF, err)
+	case errors.Is(err, rueidis.ErrNoSlot):
+		return fmt.Errorf("dlockrueidis: no node for the slot (%w): %w", io.ErrUnexpectedEOF, err)
 	}
 	if re, ok := rueidis.IsRedisErr(err); ok {
 		return replyError(strings.Clone(re.Error()))
 	}
 	return err
+}
+
+// closeProbe bounds the PING that tells a closed rueidis client (which answers ErrClosing at
+// once, sending nothing) from an open one.
+const closeProbe = 100 * time.Millisecond
+
+// closed reports whether the rueidis client itself is closed.
+func (r *runner) closed() bool {
+	ctx, cancel := context.WithTimeout(context.Background(), closeProbe)
+	defer cancel()
+	return errors.Is(r.rc.Do(ctx, r.rc.B().Ping().Build()).Error(), rueidis.ErrClosing)
 }
 
 // ClientFor returns a rueidis client for the deployment rdb reaches, with rdb's address (or a

@@ -35,10 +35,10 @@ func init() {
 			if reflect.ValueOf(o.Dialer).Pointer() != defaultDialer {
 				break // a test's own dialer (a fault injector): not shared
 			}
-			key = fmt.Sprint("c ", o.Network, o.Addr, o.Username, o.Password, o.DB)
+			key = fmt.Sprintf("c %q %q %q %q %d", o.Network, o.Addr, o.Username, o.Password, o.DB)
 		case *redis.ClusterClient:
 			o := r.Options()
-			key = fmt.Sprint("cc ", o.Addrs, o.Username, o.Password)
+			key = fmt.Sprintf("cc %q %q %q", o.Addrs, o.Username, o.Password)
 		}
 		if key != "" {
 			if rc, ok := rueidisClients.Load(key); ok {
