@@ -254,7 +254,7 @@ func (rp *report) markdown() string {
 	p("- Command: `%s`\n", rp.command)
 	p("- Date: %s; %v per throughput run\n\n", rp.date.Format("2006-01-02 15:04 MST"), rp.duration)
 	p("Libraries: **dlock** (default options: cohorting on; one Client per process, one Mutex handle per goroutine), " +
-		"**dlock-nocohort** (`WithoutCohort()`), **redsync** v4 (defaults: 32 tries, 50–250 ms random delay) and " +
+		"**dlock-nocohort** (`WithoutCohort()`), **dlock-rueidis** (the `dlockrueidis` adapter: dlock with its scripts on rueidis, `dlockrueidis.New(rdb, rc)` with `rc` from `ClientFor(rdb)`), **redsync** v4 (defaults: 32 tries, 50–250 ms random delay) and " +
 		"**redsync-1ms / -10ms / -100ms** (`WithRetryDelay(…)`, `WithTries(1<<20)`), all called again when they give up, " +
 		"**redislock-100ms / -10ms / -1ms** (bsm/redislock `Obtain` with `LinearBackoff`), **rueidislock** (`KeyMajority: 1`), " +
 		"**raw** (`SET NX PX` + `DEL`, no ownership check, 1 ms sleep while taken: the floor, not a lock to use)")
@@ -487,7 +487,7 @@ func ratio(a, b float64) string {
 func (rp *report) targets(b *strings.Builder) {
 	p := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
 	p("## Targets (computed from this run)\n\n")
-	p("Peers are every library except dlock, dlock-nocohort and raw; \"best peer\" is the peer with the most ops/s in that scenario.\n\n")
+	p("Peers are every library except dlock's own (dlock, dlock-nocohort, dlock-rueidis) and raw; \"best peer\" is the peer with the most ops/s in that scenario.\n\n")
 	p("| target | dlock | reference | result |\n|---|---|---|---|\n")
 	n := 0
 	row := func(t, d, ref, res string) {
