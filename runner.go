@@ -106,18 +106,18 @@ func (c *Client) runScripts(ctx context.Context, s *redis.Script, keys [][]strin
 		return nil
 	}
 	calls := make([]ScriptCall, len(keys))
-	routed := make([]bool, len(keys))
+	unrouted := make([]bool, len(keys)) // no node for its key: its result is the error
 	rs := make([]ScriptResult, len(keys))
 	for i := range keys {
 		calls[i] = scriptCall(s, keys[i], args[i])
 		if err := c.route(ctx, &calls[i]); err != nil {
-			rs[i], routed[i] = ScriptResult{Err: err}, true
+			rs[i], unrouted[i] = ScriptResult{Err: err}, true
 		}
 	}
 	var batch []ScriptCall
 	var at []int
 	for i := range calls {
-		if !routed[i] {
+		if !unrouted[i] {
 			batch, at = append(batch, calls[i]), append(at, i)
 		}
 	}
