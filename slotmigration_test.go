@@ -46,30 +46,19 @@ func TestAskDuringSlotMigrationMissesNoLoss(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-dlock.Tracked(l)
-	slot, _ := cc.ClusterKeySlot(ctx, key).Result()
-	srcNode, _ := cc.MasterForKey(ctx, key)
-	var src, dst *redistest.Server
-	for _, m := range cl.Masters() {
-		if m.Addr == srcNode.Options().Addr {
-			src = m
-		} else if dst == nil {
-			dst = m
-		}
+	mig, err := cl.MigrateSlotOf(ctx, key)
+	if err != nil {
+		t.Fatal(err)
 	}
-	sc, dc := src.Client(), dst.Client()
+	sc, dc := mig.Src.Client(), mig.Dst.Client()
 	defer sc.Close()
 	defer dc.Close()
-	srcID, dstID := sc.Do(ctx, "CLUSTER", "MYID").Val().(string), dc.Do(ctx, "CLUSTER", "MYID").Val().(string)
 	must := func(err error) {
 		t.Helper()
 		if err != nil {
 			t.Fatal(err)
 		}
 	}
-	must(dc.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", srcID).Err())
-	must(sc.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", dstID).Err())
-	host, port, _ := strings.Cut(dst.Addr, ":")
-	must(sc.Do(ctx, "MIGRATE", host, port, "", 0, 5000, "KEYS", key).Err())
 	time.Sleep(500 * time.Millisecond)
 	if l.Err() != nil {
 		t.Fatalf("false loss during the migration: %v", l.Err())

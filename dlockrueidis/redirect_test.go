@@ -81,31 +81,10 @@ func TestAskAndMovedAreFollowed(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec.take()
-	slot, _ := cc.ClusterKeySlot(ctx, key).Result()
-	srcNode, _ := cc.MasterForKey(ctx, key)
-	var src, dst *redistest.Server
-	for _, m := range cl.Masters() {
-		if m.Addr == srcNode.Options().Addr {
-			src = m
-		} else if dst == nil {
-			dst = m
-		}
+	mig, err := cl.MigrateSlotOf(ctx, key)
+	if err != nil {
+		t.Fatal(err)
 	}
-	sc, dc := src.Client(), dst.Client()
-	defer sc.Close()
-	defer dc.Close()
-	srcID, dstID := sc.Do(ctx, "CLUSTER", "MYID").Val().(string), dc.Do(ctx, "CLUSTER", "MYID").Val().(string)
-	must := func(err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	must(dc.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", srcID).Err())
-	must(sc.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", dstID).Err())
-	host, port, _ := strings.Cut(dst.Addr, ":")
-	must(sc.Do(ctx, "MIGRATE", host, port, "", 0, 5000, "KEYS", key).Err())
-
 	err = l.Extend(ctx, 30*time.Second) // extend.lua touches the lock key alone: ASK
 	calls := rec.take()
 	t.Logf("Extend during migration: %v, calls %q", err, calls)
@@ -116,15 +95,8 @@ func TestAskAndMovedAreFollowed(t *testing.T) {
 		t.Errorf("Extend during the migration did not get ASK and succeed on the target with ASKING: %q", calls)
 	}
 
-	// Finish the migration: every key of the slot to dst, the slot dst's everywhere.
-	keys := sc.Do(ctx, "CLUSTER", "GETKEYSINSLOT", slot, 100).Val().([]any)
-	for _, k := range keys {
-		must(sc.Do(ctx, "MIGRATE", host, port, "", 0, 5000, "KEYS", k.(string)).Err())
-	}
-	for _, m := range cl.Masters() {
-		mc := m.Client()
-		must(mc.Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", dstID).Err())
-		mc.Close()
+	if err := mig.Finish(ctx); err != nil { // every key of the slot to dst, the slot dst's everywhere
+		t.Fatal(err)
 	}
 	err = l.Unlock(ctx) // go-redis still maps the slot to src: MOVED
 	calls = rec.take()
@@ -135,6 +107,8 @@ func TestAskAndMovedAreFollowed(t *testing.T) {
 	if !followed(calls, "MOVED ", "asking=0 -> ok") {
 		t.Errorf("Unlock after the migration did not get MOVED and succeed on the new master: %q", calls)
 	}
+	dc := mig.Dst.Client()
+	defer dc.Close()
 	if n := dc.Exists(ctx, key).Val(); n != 0 {
 		t.Errorf("lock key still on dst after Unlock")
 	}
