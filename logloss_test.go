@@ -24,20 +24,33 @@ type delBeforeRelease struct {
 func (h *delBeforeRelease) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *delBeforeRelease) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		n := strings.ToLower(cmd.Name())
-		if n == "evalsha" || n == "eval" {
-			for _, a := range cmd.Args() {
-				if s, ok := a.(string); ok && s == h.key && h.armed.CompareAndSwap(true, false) {
-					h.raw.Del(context.Background(), h.key)
-					break
-				}
-			}
-		}
+		h.before(cmd)
 		return next(ctx, cmd)
 	}
 }
+
+// ProcessPipelineHook: a MultiLock's releases go out pipelined.
 func (h *delBeforeRelease) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			h.before(cmd)
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// before deletes the key when armed and cmd is a script call that names it.
+func (h *delBeforeRelease) before(cmd redis.Cmder) {
+	n := strings.ToLower(cmd.Name())
+	if n != "evalsha" && n != "eval" {
+		return
+	}
+	for _, a := range cmd.Args() {
+		if s, ok := a.(string); ok && s == h.key && h.armed.CompareAndSwap(true, false) {
+			h.raw.Del(context.Background(), h.key)
+			return
+		}
+	}
 }
 
 // A hold found gone by Unlock (deleted, expired, taken) is a lost Redis hold: the work under

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"sync"
+
+	"github.com/dlock-go/dlock/internal/scripts"
 )
 
 // A lease over several holds, a MultiLock's members or a Redlock's masters: how they are
@@ -20,28 +22,57 @@ func (c *Client) giveBack(holds []*hold) {
 	}
 	ctx, cancel := context.WithTimeout(c.cleanup, abandonTimeout)
 	defer cancel()
-	_, errs := releaseAll(ctx, releasing)
-	for i, h := range releasing {
-		h.end(nil, false)
-		if errs[i] != nil {
-			h.releaseLater()
-		}
+	if len(releasing) == 0 {
+		return
 	}
-}
-
-// releaseAll runs the release of every hold at once (members live on their own slots, each a
-// round trip) and returns each one's answer.
-func releaseAll(ctx context.Context, hs []*hold) ([]int, []error) {
-	ns, errs := make([]int, len(hs)), make([]error, len(hs))
 	var wg sync.WaitGroup
-	for i, h := range hs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			ns[i], errs[i] = h.release(ctx)
-		}()
+	for _, group := range byClient(releasing) {
+		// Each hold's own Client runs its release: a Redlock's holds are on several masters.
+		wg.Go(func() {
+			_, errs := group[0].c.releaseBatch(ctx, group)
+			for i, h := range group {
+				h.end(nil, false)
+				if errs[i] != nil {
+					h.releaseLater()
+				}
+			}
+		})
 	}
 	wg.Wait()
+}
+
+// byClient splits holds by the Client they were taken on (a Redlock's masters each have
+// theirs; a MultiLock's members share one), in order of first appearance.
+func byClient(hs []*hold) [][]*hold {
+	var groups [][]*hold
+	at := map[*Client]int{}
+	for _, h := range hs {
+		i, ok := at[h.c]
+		if !ok {
+			i = len(groups)
+			at[h.c] = i
+			groups = append(groups, nil)
+		}
+		groups[i] = append(groups[i], h)
+	}
+	return groups
+}
+
+// releaseBatch runs the releases of hs, holds taken on c, in one round trip per node (runBatch) and
+// returns each one's answer, as hold.release does.
+func (c *Client) releaseBatch(ctx context.Context, hs []*hold) ([]int, []error) {
+	if len(hs) == 1 {
+		n, err := hs[0].release(ctx)
+		return []int{n}, []error{err}
+	}
+	keys, args := make([][]string, len(hs)), make([][]any, len(hs))
+	for i, h := range hs {
+		keys[i], args[i] = releaseCall(c, h.keys, h.owner, h.holdID, h.access, h.sem, releaseNormal, nil)
+	}
+	ns, errs := make([]int, len(hs)), make([]error, len(hs))
+	for i, cmd := range c.runBatch(ctx, scripts.Release, keys, args) {
+		ns[i], errs[i] = cmd.Int()
+	}
 	return ns, errs
 }
 
@@ -96,11 +127,11 @@ func (l *Lease) releaseMembers(ctx context.Context, hs []*hold, lost error) erro
 	return nil
 }
 
-// releaseHolds runs the releases of hs at once, each hold ended by its answer (a release that
-// got no answer is retried in the background), and collects the answers until released (the
-// count so far) reaches need: a straggler, a silent Redlock master, settles itself later. It
-// returns the new count, the holds whose release got no answer and why, and the loss of a hold
-// Redis no longer had.
+// releaseHolds runs the releases of hs at once (those of one Client in one round trip per
+// node), each hold ended by its answer (a release that got no answer is retried in the
+// background), and collects the answers until released (the count so far) reaches need: a
+// straggler, a silent Redlock master, settles itself later. It returns the new count, the
+// holds whose release got no answer and why, and the loss of a hold Redis no longer had.
 func releaseHolds(ctx context.Context, hs []*hold, released, need int) (int, []*hold, []error, error) {
 	type result struct {
 		h   *hold
@@ -120,18 +151,21 @@ func releaseHolds(ctx context.Context, hs []*hold, released, need int) (int, []*
 		}
 	}
 	results := make(chan result, len(hs))
-	for _, h := range hs {
+	for _, group := range byClient(hs) {
+		c := group[0].c
 		run := func() {
-			n, err := h.release(ctx)
-			settle(h, n, err)
-			results <- result{h, n, err}
+			ns, errs := c.releaseBatch(ctx, group)
+			for i, h := range group {
+				settle(h, ns[i], errs[i])
+				results <- result{h, ns[i], errs[i]}
+			}
 		}
-		if !h.c.goBackground() {
+		if !c.goBackground() {
 			run() // closing: Close skips a hold being released, so this call must finish it
 			continue
 		}
 		go func() {
-			defer h.c.wg.Done()
+			defer c.wg.Done()
 			run()
 		}()
 	}

@@ -206,12 +206,12 @@ func (r *renewer) renewBatch(ctx context.Context, due []*hold) {
 	sent := r.c.now()
 	began := time.Now()
 	var cmds []*redis.Cmd
-	if !ack.on() && r.c.runner != nil {
+	if !ack.on() {
 		keys, args := make([][]string, len(due)), make([][]any, len(due))
 		for i, l := range due {
 			keys[i], args[i] = []string{l.keys.lock}, []any{l.holdID, ttls[i].Milliseconds()}
 		}
-		cmds = r.c.runScripts(ctx, scripts.Extend, keys, args) // the runner falls back to EVAL itself
+		cmds = r.c.runBatch(ctx, scripts.Extend, keys, args) // NOSCRIPT already answered by EVAL
 	} else {
 		pipe := rdb.Pipeline()
 		cmds = make([]*redis.Cmd, len(due))
@@ -230,18 +230,12 @@ func (r *renewer) renewBatch(ctx context.Context, due []*hold) {
 	cached := false
 	for i, l := range due {
 		n, err := cmds[i].Int()
-		if err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
-			if ack.on() {
-				// A fallback call would be on another connection, where WAIT proves nothing:
-				// cache the script (once per batch, through an acked Extend of this hold, whose
-				// outcome is not used) and renew again soon.
-				if !cached {
-					cached = true
-					_, _ = r.c.runAcked(ctx, ack, scripts.Extend, []string{l.keys.lock}, l.holdID, ttls[i].Milliseconds())
-				}
-			} else {
-				n, err = scripts.Extend.Run(ctx, rdb, []string{l.keys.lock}, l.holdID, ttls[i].Milliseconds()).Int()
-			}
+		if err != nil && ack.on() && !cached && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+			// A fallback call would be on another connection, where WAIT proves nothing:
+			// cache the script (once per batch, through an acked Extend of this hold, whose
+			// outcome is not used) and renew again soon.
+			cached = true
+			_, _ = r.c.runAcked(ctx, ack, scripts.Extend, []string{l.keys.lock}, l.holdID, ttls[i].Milliseconds())
 		}
 		if a := l.cfg.ack; err == nil && n != 0 && a.on() {
 			if rep := ack.read(wait); a.short(rep) {

@@ -100,7 +100,7 @@ func (c *Client) runScript(ctx context.Context, s *redis.Script, keys []string, 
 }
 
 // runScripts runs a batch of calls of s (one per keys[i], args[i]) through the Client's
-// runner, pipelined; without one, it returns nil and the caller pipelines on go-redis.
+// runner, pipelined; without one, it returns nil (runBatch pipelines on go-redis then).
 func (c *Client) runScripts(ctx context.Context, s *redis.Script, keys [][]string, args [][]any) []*redis.Cmd {
 	if c.runner == nil {
 		return nil
@@ -137,6 +137,33 @@ func (c *Client) runScripts(ctx context.Context, s *redis.Script, keys [][]strin
 	cmds := make([]*redis.Cmd, len(calls))
 	for i, r := range rs {
 		cmds[i] = redis.NewCmdResult(r.Val, r.Err)
+	}
+	return cmds
+}
+
+// runBatch runs a batch of calls of s (one per keys[i], args[i]) in one round trip per node:
+// through the Client's runner, or pipelined on go-redis (which on a Cluster sends each call to
+// its key's node and follows MOVED and ASK), a call answered NOSCRIPT then run again with its
+// source. Each call's reply or error is its own; a transport failure fails the calls it cut
+// short, which may still have run.
+func (c *Client) runBatch(ctx context.Context, s *redis.Script, keys [][]string, args [][]any) []*redis.Cmd {
+	if len(keys) == 0 {
+		return nil
+	}
+	if cmds := c.runScripts(ctx, s, keys, args); cmds != nil {
+		return cmds
+	}
+	cmds := make([]*redis.Cmd, len(keys))
+	_, _ = c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i := range keys {
+			cmds[i] = s.EvalSha(ctx, p, keys[i], args[i]...)
+		}
+		return nil
+	})
+	for i, cmd := range cmds {
+		if err := cmd.Err(); err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+			cmds[i] = s.Eval(ctx, c.rdb, keys[i], args[i]...)
+		}
 	}
 	return cmds
 }
