@@ -156,17 +156,19 @@ func (c *Client) takeAll(ctx context.Context, specs []holdSpec, together *atomic
 	for blocking, slow := -1, false; ; {
 		if blocking >= 0 {
 			if !slow && c.since(start) >= multiPatience {
-				hs, err := c.takeInOrder(ctx, specs)
+				hs, err := c.takeInOrder(ctx, specs, taken)
 				if err != nil || allValid(hs) {
 					return hs, err
 				}
 				// A member taken early ended while a later one was awaited (a fixed lease ran
 				// out, a renewal failed): start again.
 				c.giveBack(hs)
+				clear(taken)
 				start, blocking = c.now(), -1
 				continue
 			}
-			// Wait in the taken member's queue: a release hands it to us and wakes us.
+			// Wait in the taken member's queue (holding nothing): a release hands it to us and
+			// wakes us.
 			h, err := c.waitHold(ctx, specs[blocking], true)
 			if err != nil {
 				return nil, err
@@ -181,6 +183,15 @@ func (c *Client) takeAll(ctx context.Context, specs []holdSpec, together *atomic
 		case err == nil:
 			c.giveBack(taken) // a member ended during the pass: start again
 			clear(taken)
+			continue
+		}
+		if wait && ctx.Err() == nil && errors.Is(err, ErrNotObtained) && c.since(start) >= multiPatience {
+			// Patience is over, and member i is taken: the members before it are what a
+			// MultiLock waiting in name order holds while it waits for i, so they are kept
+			// (not queued for again from the back); the others are given back.
+			c.giveBack(taken[i+1:])
+			clear(taken[i+1:])
+			blocking = i
 			continue
 		}
 		c.giveBack(taken)
@@ -413,18 +424,22 @@ func sleepCtx(ctx context.Context, c *Client, d time.Duration) error {
 	}
 }
 
-// takeInOrder takes the members one after the other in name order, waiting in each one's
-// queue and keeping those it has: the same order for every MultiLock, so none waits for
-// another in a cycle.
-func (c *Client) takeInOrder(ctx context.Context, specs []holdSpec) ([]*hold, error) {
-	taken := make([]*hold, 0, len(specs))
-	for _, s := range specs {
+// takeInOrder takes the members not in taken yet (those it has are before the first it has
+// not: see takeAll) one after the other in name order, waiting in each one's queue and
+// keeping those it has: the same order for every MultiLock, so none waits for another in a
+// cycle. On an error it gives back every member it has, those in taken too.
+func (c *Client) takeInOrder(ctx context.Context, specs []holdSpec, taken []*hold) ([]*hold, error) {
+	for k, s := range specs {
+		if taken[k] != nil {
+			continue
+		}
 		h, err := c.waitHold(ctx, s, true)
 		if err != nil {
 			c.giveBack(taken)
+			clear(taken)
 			return nil, err
 		}
-		taken = append(taken, h)
+		taken[k] = h
 	}
 	return taken, nil
 }
