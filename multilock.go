@@ -171,6 +171,7 @@ func (c *Client) takeAll(ctx context.Context, specs []holdSpec, together *atomic
 			// wakes us.
 			h, err := c.waitHold(ctx, specs[blocking], true)
 			if err != nil {
+				c.giveBack(taken) // nothing, unless a clock going back ended the patience early
 				return nil, err
 			}
 			taken[blocking] = h
@@ -186,12 +187,16 @@ func (c *Client) takeAll(ctx context.Context, specs []holdSpec, together *atomic
 			continue
 		}
 		if wait && ctx.Err() == nil && errors.Is(err, ErrNotObtained) && c.since(start) >= multiPatience {
-			// Patience is over, and member i is taken: the members before it are what a
-			// MultiLock waiting in name order holds while it waits for i, so they are kept
-			// (not queued for again from the back); the others are given back.
-			c.giveBack(taken[i+1:])
-			clear(taken[i+1:])
-			blocking = i
+			// Patience is over, and member i is taken: from here the call waits in name order.
+			// The members it holds before the first it does not (p ≤ i: a refused script takes
+			// none of the free members before i) are what such a waiter holds, so they are
+			// kept, not queued for again from the back; every later one is given back (one
+			// handed over from its queue may be after p: keeping it would hold a member after
+			// one waited for, which can deadlock).
+			p := slices.Index(taken, nil)
+			c.giveBack(taken[p:])
+			clear(taken[p:])
+			blocking = p
 			continue
 		}
 		c.giveBack(taken)
