@@ -39,7 +39,7 @@
 // A MultiLock (Client.MultiLock) takes several locks together, all or nothing, in any order of
 // names, without deadlock among MultiLocks: it takes every free member in one pass (one script
 // when the names share a hash slot), and when a member is taken gives the others back and
-// waits in that member's queue; after 2 ms it takes the members in name order. Its lease covers every member (Lease.Tokens gives each
+// waits in that member's queue; after one such wait and 2 ms it takes the members in name order. Its lease covers every member (Lease.Tokens gives each
 // token) and is lost with any of them.
 //
 // A Semaphore (Client.Semaphore) gives out at most N permits at once, each Acquire(n) taking

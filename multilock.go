@@ -12,16 +12,17 @@ import (
 	"github.com/dlock-go/dlock/internal/scripts"
 )
 
-// multiPatience is how long a MultiLock waits the polite way (holding no member while another
-// is taken) before it takes the members in name order, waiting in each one's queue. Whatever
-// it is, the first wait is polite: a pass, then a wait in the taken member's queue holding
-// nothing, then another pass. Under heavy contention the polite way mostly gives back what it
-// waited for. Measured (bench/, multi-4x8, ops/s against redislock-chain-1ms in the same run,
-// four runs each, once the switch kept the members already held in name order): 0 1.07×
-// median, 2 ms 1.08×, 5 ms 0.97×, 10 ms 0.92× (the polite way costs Redis calls: 80, 87, 93,
-// 103 per operation). Earlier, when the switch gave everything back: 5 ms ~840 ops/s, 20 ms
-// ~780, 50 ms ~670, and 1 s a third fewer than 50 ms with four times the p99 wait. 0 would sit
-// on free members right after the first pass.
+// multiPatience is how long a MultiLock gives way (holding no member while another is taken)
+// before it takes the members in name order, waiting in each one's queue: it does so once this
+// long has passed since the call began and one wait of the polite way is over (a pass, a wait
+// in the taken member's queue holding nothing, another pass), so that wait comes first however
+// slow the passes are. Under heavy contention the polite way mostly gives back what it waited
+// for. Measured (bench/, multi-4x8, ops/s against redislock-chain-1ms in the same run, four
+// runs each, once the switch kept the members already held in name order, before the polite
+// wait was made sure): 0 1.07× median, 2 ms 1.08×, 5 ms 0.97×, 10 ms 0.92× (the polite way
+// costs Redis calls: 80, 87, 93, 103 per operation). Earlier, when the switch gave everything
+// back: 5 ms ~840 ops/s, 20 ms ~780, 50 ms ~670, and 1 s a third fewer than 50 ms with four
+// times the p99 wait.
 const multiPatience = 2 * time.Millisecond
 
 // multiStepTimeout bounds a pass's attempt on a member while the pass holds members taken
@@ -47,11 +48,11 @@ var errSlowMember = errors.New("no answer while the MultiLock held members befor
 // others again. So a Mutex on a free member waits for a waiting MultiLock at most one such
 // pass, and a pass waits at most multiStepTimeout (200 ms) for a member while it holds others:
 // a member whose node does not answer (down, paused) is then waited for alone, holding nothing.
-// After waiting multiPatience (2 ms; its first wait is always the polite one) it stops giving
-// way: it keeps the members it has before the first it lacks, gives back the others and takes
-// the rest in name order, waiting in each one's queue and keeping what it has (a Mutex on an earlier member then waits
+// Once multiPatience (2 ms) has passed since the call began and one such wait is over, it
+// stops giving way: it keeps the members it has before the first it lacks, gives back the
+// others and takes the rest in name order, waiting in each one's queue and keeping what it has (a Mutex on an earlier member then waits
 // for it, also while a later member's node is silent), which every MultiLock does in the same
-// order, so two of them never wait for each other. (Code that nests plain Mutexes on the same names in another order can still deadlock
+// order, so they never wait for each other in a cycle. (Code that nests plain Mutexes on the same names in another order can still deadlock
 // with it then, as with any ordered locking.)
 //
 // The lease is the same *Lease as a Mutex's, over all members: it is lost as soon as any member
@@ -158,9 +159,13 @@ func (c *Client) takeAll(ctx context.Context, specs []holdSpec, together *atomic
 	}
 	start := c.now()
 	backoff := time.Duration(0)
+	// patient: one polite wait is over (whatever the passes cost, a slow Redis too) and so is
+	// multiPatience since the start, so the call may wait in name order now.
+	waited := false
+	patient := func() bool { return waited && c.since(start) >= multiPatience }
 	for blocking, slow := -1, false; ; {
 		if blocking >= 0 {
-			if !slow && c.since(start) >= multiPatience {
+			if !slow && patient() {
 				hs, err := c.takeInOrder(ctx, specs, taken)
 				if err != nil || allValid(hs) {
 					return hs, err
@@ -169,7 +174,7 @@ func (c *Client) takeAll(ctx context.Context, specs []holdSpec, together *atomic
 				// out, a renewal failed): start again.
 				c.giveBack(hs)
 				clear(taken)
-				start, blocking = c.now(), -1
+				start, blocking, waited = c.now(), -1, false
 				continue
 			}
 			// Wait in the taken member's queue (holding nothing): a release hands it to us and
@@ -179,7 +184,7 @@ func (c *Client) takeAll(ctx context.Context, specs []holdSpec, together *atomic
 				c.giveBack(taken) // nothing, unless a clock going back ended the patience early
 				return nil, err
 			}
-			taken[blocking] = h
+			taken[blocking], waited = h, true
 		}
 		i, err := c.pass(ctx, specs, taken, together)
 		blocking, slow = -1, false
@@ -191,7 +196,7 @@ func (c *Client) takeAll(ctx context.Context, specs []holdSpec, together *atomic
 			clear(taken)
 			continue
 		}
-		if wait && ctx.Err() == nil && errors.Is(err, ErrNotObtained) && c.since(start) >= multiPatience {
+		if wait && ctx.Err() == nil && errors.Is(err, ErrNotObtained) && patient() {
 			// Patience is over, and member i is taken: from here the call waits in name order.
 			// The members it holds before the first it does not (p ≤ i: a refused script takes
 			// none of the free members before i) are what such a waiter holds, so they are
