@@ -20,15 +20,16 @@ func (c *Client) giveBack(holds []*hold) {
 			releasing = append(releasing, h)
 		}
 	}
-	ctx, cancel := context.WithTimeout(c.cleanup, abandonTimeout)
-	defer cancel()
 	if len(releasing) == 0 {
 		return
 	}
+	ctx, cancel := context.WithTimeout(c.cleanup, abandonTimeout)
+	defer cancel()
+	groups := byClient(releasing)
 	var wg sync.WaitGroup
-	for _, group := range byClient(releasing) {
+	for _, group := range groups {
 		// Each hold's own Client runs its release: a Redlock's holds are on several masters.
-		wg.Go(func() {
+		give := func() {
 			_, errs := group[0].c.releaseBatch(ctx, group)
 			for i, h := range group {
 				h.end(nil, false)
@@ -36,7 +37,12 @@ func (c *Client) giveBack(holds []*hold) {
 					h.releaseLater()
 				}
 			}
-		})
+		}
+		if len(groups) == 1 {
+			give() // a MultiLock's members: no goroutine needed
+			continue
+		}
+		wg.Go(give)
 	}
 	wg.Wait()
 }
