@@ -22,8 +22,9 @@ import (
 // dropReply is a go-redis hook that lets a script run in Redis and then loses its reply, as a
 // connection reset after the server executed the command would.
 type dropReply struct {
-	sha   string
-	drops atomic.Int32
+	sha       string
+	drops     atomic.Int32
+	pipelines bool // pipelined calls too (a MultiLock's releases), not only single ones
 }
 
 func (h *dropReply) DialHook(next redis.DialHook) redis.DialHook {
@@ -43,7 +44,20 @@ func (h *dropReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 }
 
 func (h *dropReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
+	if !h.pipelines {
+		return next
+	}
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, cmd := range cmds {
+			args := cmd.Args()
+			if len(args) > 1 && args[0] == "evalsha" && args[1] == h.sha && h.drops.Add(-1) >= 0 {
+				cmd.SetErr(io.ErrUnexpectedEOF)
+				err = io.ErrUnexpectedEOF
+			}
+		}
+		return err
+	}
 }
 
 func clientDropping(t *testing.T, sha string, drops int32) (*dlock.Client, *redis.Client) {
@@ -326,5 +340,41 @@ func TestCohortAttemptArrivingLateLeavesTheLaterHoldAlone(t *testing.T) {
 	}
 	if err := l.Unlock(ctx); err != nil {
 		t.Fatalf("Unlock of the later hold: %v", err)
+	}
+}
+
+// A MultiLock's releases go out in one pipeline: when Redis ran them and their replies were
+// lost (the connection died after), Unlock says Redis gave no answer, not that the lease was
+// lost, and a second Unlock finds both releases applied.
+func TestMultiLockUnlockAfterLostPipelinedReplies(t *testing.T) {
+	ctx := ctxT(t)
+	raw := redistest.Client(t)
+	scripts.Release.Load(ctx, raw) // EVALSHA, which the hook recognises
+	rdb := redistest.Client(t)
+	h := &dropReply{sha: scripts.Release.Hash(), pipelines: true}
+	rdb.AddHook(h)
+	c := dlock.New(rdb, dlock.OnGoRedis())
+	defer c.Close(context.Background())
+	name := redistest.Name(t)
+	names := []string{name + "-a", name + "-b"}
+	l, err := c.MultiLock(names).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.drops.Store(2)
+	err = l.Unlock(ctx)
+	if !errors.Is(err, dlock.ErrUnavailable) || errors.Is(err, dlock.ErrLeaseLost) {
+		t.Fatalf("Unlock with both replies lost: %v; want ErrUnavailable, not a lost lease", err)
+	}
+	if n := h.drops.Load(); n > 0 {
+		t.Fatalf("%d replies left to drop: the releases did not go out pipelined", n)
+	}
+	for _, n := range names {
+		if raw.Exists(ctx, lockKey(n)).Val() != 0 {
+			t.Errorf("%s still held in Redis: the release whose reply was lost did not run", n)
+		}
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatalf("second Unlock: %v; want nil (both releases were applied)", err)
 	}
 }
