@@ -435,8 +435,9 @@ func (c *Client) waitHold(ctx context.Context, s holdSpec, contended bool) (*hol
 		case errors.Is(err, ErrNotObtained) && ctx.Err() == nil:
 			// On a Cluster the slot may have a new master since the last attempt (a failover,
 			// a migration), whose releases publish on its own connections; a notifier may also
-			// have retired. The attempt that just answered went where the lock lives now.
-			if nn := c.notifierFor(ctx, s.keys.lock); nn != n {
+			// have retired, or the server have dropped the subscription (the slot moved away
+			// from it). The attempt that just answered went where the lock lives now.
+			if nn := c.notifierFor(ctx, s.keys.lock); nn != n || (sub != nil && !sub.live()) {
 				if sub != nil {
 					sub.close()
 					sub = nil
