@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"reflect"
 	"strconv"
 	"strings"
@@ -129,7 +130,7 @@ func (c *Client) runScripts(ctx context.Context, s *redis.Script, keys [][]strin
 				continue
 			}
 			rs[i] = got[j]
-			if _, _, ok := redirect(rs[i].Err); ok {
+			if _, _, ok := redirect(rs[i].Err); ok || dialFailed(rs[i].Err) {
 				rs[i] = c.follow(ctx, calls[i], rs[i]) // the slot moved: this call alone, redirected
 			}
 		}
@@ -179,11 +180,24 @@ func (c *Client) runRouted(ctx context.Context, call ScriptCall) ScriptResult {
 
 // follow follows the MOVED or ASK reply r to call, up to maxRedirects times, as go-redis does:
 // MOVED also has go-redis reload its slot map, so later calls and the notifications go to the
-// slot's new master.
+// slot's new master. A call whose node refused the connection (a killed master the map still
+// names) goes to the slot's master once the reloaded map names another (rerouteDead).
 func (c *Client) follow(ctx context.Context, call ScriptCall, r ScriptResult) ScriptResult {
 	for range maxRedirects {
+		if call.Node == "" {
+			return r
+		}
+		if dialFailed(r.Err) {
+			node, ok := c.rerouteDead(ctx, call)
+			if !ok {
+				return r
+			}
+			call.Node, call.Asking = node, false
+			r = c.runOne(ctx, call)
+			continue
+		}
 		addr, ask, ok := redirect(r.Err)
-		if !ok || call.Node == "" {
+		if !ok {
 			return r
 		}
 		if !ask {
@@ -193,6 +207,44 @@ func (c *Client) follow(ctx context.Context, call ScriptCall, r ScriptResult) Sc
 		r = c.runOne(ctx, call)
 	}
 	return r
+}
+
+const (
+	rerouteFirstWait = 10 * time.Millisecond
+	rerouteFor       = 600 * time.Millisecond // a bound on waiting for the slot map to change
+)
+
+// rerouteDead returns the node go-redis's slot map names for call's key once it names another
+// than call.Node, whose dial failed, waiting up to rerouteFor while the map is reloaded; false
+// when it does not change (the node is down and nothing has replaced it yet) or ctx ends. A
+// failed dial sent nothing, so the call can go again. go-redis does the same for its own
+// calls: a Cluster master killed and replaced is named by the map until a reload from a node
+// that has seen the promotion.
+func (c *Client) rerouteDead(ctx context.Context, call ScriptCall) (string, bool) {
+	deadline := time.Now().Add(rerouteFor)
+	for wait := rerouteFirstWait; ; wait = min(2*wait, rerouteFor/4) {
+		c.topologyMayHaveChanged(ctx)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return "", false
+		case <-t.C:
+		}
+		next := call
+		if c.route(ctx, &next) == nil && next.Node != call.Node {
+			return next.Node, true
+		}
+		if time.Now().After(deadline) {
+			return "", false
+		}
+	}
+}
+
+// dialFailed reports whether err says a connection could not be opened, so nothing was sent.
+func dialFailed(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
 }
 
 func (c *Client) runOne(ctx context.Context, call ScriptCall) ScriptResult {
