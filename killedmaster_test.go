@@ -1,6 +1,9 @@
 package dlock_test
 
 import (
+	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -89,7 +92,8 @@ func TestWaitersSubscribeOnTheSlotsNewMaster(t *testing.T) {
 				break
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("%s: the waiter never subscribed to %s on the new master (%v, %v)", mv.what, channel, n, err)
+				t.Fatalf("%s: the waiter never subscribed to %s on the new master %s (%v, %v); subscribers per node: %s",
+					mv.what, channel, current.Addr, n, err, shardSubscribers(cl, channel))
 			}
 			time.Sleep(20 * time.Millisecond) // the subscription is the waiter's, no event reaches the test
 		}
@@ -118,4 +122,20 @@ func killReplicated(t *testing.T, cl *redistest.Cluster, master *redistest.Serve
 		t.Fatal(err)
 	}
 	return promoted, at
+}
+
+// shardSubscribers lists each running node's subscriber count of a shard channel, for a
+// failure message.
+func shardSubscribers(cl *redistest.Cluster, channel string) string {
+	var out []string
+	for _, s := range cl.Nodes() {
+		if !s.Running() {
+			continue
+		}
+		c := s.Client()
+		n, err := c.PubSubShardNumSub(context.Background(), channel).Result()
+		c.Close()
+		out = append(out, fmt.Sprintf("%s=%d(%v)", s.Addr, n[channel], err))
+	}
+	return strings.Join(out, " ")
 }
