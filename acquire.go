@@ -437,7 +437,7 @@ func (c *Client) waitHold(ctx context.Context, s holdSpec, contended bool) (*hol
 			// a migration), whose releases publish on its own connections; a notifier may also
 			// have retired, or the server have dropped the subscription (the slot moved away
 			// from it). The attempt that just answered went where the lock lives now.
-			if nn := c.notifierFor(ctx, s.keys.lock); nn != n || (sub != nil && !sub.live()) {
+			if nn := c.notifierFor(ctx, s.keys.lock); nn != n || (sub != nil && sub.gone()) {
 				if sub != nil {
 					sub.close()
 					sub = nil

@@ -258,6 +258,13 @@ func (s *subscription) live() bool {
 	return s.n.chans[s.channel] == s.cs
 }
 
+// gone reports whether the server dropped the subscription's channel (a Cluster slot that
+// moved away from the node): false for one that is live, and for one never made (no pub/sub,
+// a retired notifier), which the waiter polls for instead.
+func (s *subscription) gone() bool {
+	return s.cs != nil && !s.live()
+}
+
 func (s *subscription) close() {
 	n := s.n
 	n.mu.Lock()
