@@ -31,7 +31,10 @@ type ScriptRunner interface {
 	// a call without one goes where the client's own routing sends it. The calls may go out
 	// together (pipelined); ctx bounds them all, and a call cut short by ctx may still run. A
 	// runner must not resend a call after a transport failure: the script may have run with
-	// its reply lost, and dlock decides what that means.
+	// its reply lost, and dlock decides what that means. A failure to open a connection (a
+	// *net.OpError whose Op is "dial", naming the address dialled) must mean the call was not
+	// sent: dlock then sends it again, for up to 1.5 s, on a Cluster to the slot's new master
+	// once a slot map names one (through go-redis, if the runner goes elsewhere).
 	RunScripts(ctx context.Context, calls []ScriptCall) []ScriptResult
 }
 
@@ -130,7 +133,10 @@ func (c *Client) runScripts(ctx context.Context, s *redis.Script, keys [][]strin
 				continue
 			}
 			rs[i] = got[j]
-			if _, _, ok := redirect(rs[i].Err); ok || dialFailed(rs[i].Err) {
+		}
+		c.resendUnsent(ctx, calls, rs)
+		for _, i := range at {
+			if _, _, ok := redirect(rs[i].Err); ok {
 				rs[i] = c.follow(ctx, calls[i], rs[i]) // the slot moved: this call alone, redirected
 			}
 		}
@@ -175,29 +181,18 @@ func (c *Client) runRouted(ctx context.Context, call ScriptCall) ScriptResult {
 	if err := c.route(ctx, &call); err != nil {
 		return ScriptResult{Err: err}
 	}
-	return c.follow(ctx, call, c.runOne(ctx, call))
+	calls, rs := []ScriptCall{call}, []ScriptResult{c.runOne(ctx, call)}
+	c.resendUnsent(ctx, calls, rs)
+	return c.follow(ctx, calls[0], rs[0])
 }
 
 // follow follows the MOVED or ASK reply r to call, up to maxRedirects times, as go-redis does:
 // MOVED also has go-redis reload its slot map, so later calls and the notifications go to the
-// slot's new master. A call whose node refused the connection (a killed master the map still
-// names) goes to the slot's master once the reloaded map names another (rerouteDead).
+// slot's new master.
 func (c *Client) follow(ctx context.Context, call ScriptCall, r ScriptResult) ScriptResult {
 	for range maxRedirects {
-		if call.Node == "" {
-			return r
-		}
-		if dialFailed(r.Err) {
-			node, ok := c.rerouteDead(ctx, call)
-			if !ok {
-				return r
-			}
-			call.Node, call.Asking = node, false
-			r = c.runOne(ctx, call)
-			continue
-		}
 		addr, ask, ok := redirect(r.Err)
-		if !ok {
+		if !ok || call.Node == "" {
 			return r
 		}
 		if !ask {
@@ -211,34 +206,129 @@ func (c *Client) follow(ctx context.Context, call ScriptCall, r ScriptResult) Sc
 
 const (
 	rerouteFirstWait = 10 * time.Millisecond
-	rerouteFor       = 600 * time.Millisecond // a bound on waiting for the slot map to change
+	rerouteFor       = 1500 * time.Millisecond // how long calls whose dial failed are tried again
 )
 
-// rerouteDead returns the node go-redis's slot map names for call's key once it names another
-// than call.Node, whose dial failed, waiting up to rerouteFor while the map is reloaded; false
-// when it does not change (the node is down and nothing has replaced it yet) or ctx ends. A
-// failed dial sent nothing, so the call can go again. go-redis does the same for its own
-// calls: a Cluster master killed and replaced is named by the map until a reload from a node
-// that has seen the promotion.
-func (c *Client) rerouteDead(ctx context.Context, call ScriptCall) (string, bool) {
-	deadline := time.Now().Add(rerouteFor)
-	for wait := rerouteFirstWait; ; wait = min(2*wait, rerouteFor/4) {
-		c.topologyMayHaveChanged(ctx)
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return "", false
-		case <-t.C:
+// resendUnsent sends again the calls whose connection could not be opened (rs[i] a dial
+// failure: nothing was sent, see ScriptRunner), which on a Cluster is a killed master that a
+// slot map still names: go-redis's, whose reload waits for a node that has seen the promotion,
+// or the runner's own. For up to rerouteFor, or until ctx ends (leaving the dial failure), it
+// has go-redis reload its map and sends each such call again:
+//   - where go-redis's map names another node for it now (a batch's calls together);
+//   - through go-redis's client of its node when the runner sent it elsewhere (the runner does
+//     not know the promoted replica yet);
+//   - else, after a wait, by the runner's own routing (Node ""), whose map may be the fresher.
+//
+// go-redis does the same for its own calls.
+func (c *Client) resendUnsent(ctx context.Context, calls []ScriptCall, rs []ScriptResult) {
+	giveUp := time.Now().Add(rerouteFor)
+	wait := rerouteFirstWait
+	slept := false
+	for {
+		var again, direct, stuck []int
+		for i := range rs {
+			if calls[i].Node == "" || !dialFailed(rs[i].Err) {
+				continue
+			}
+			asked := calls[i].Node
+			if c.route(ctx, &calls[i]) != nil {
+				stuck = append(stuck, i)
+				continue
+			}
+			calls[i].Asking = false
+			switch dialed := dialAddr(rs[i].Err); {
+			case calls[i].Node != asked:
+				again = append(again, i)
+			case dialed != "" && dialed != asked:
+				direct = append(direct, i)
+			default:
+				stuck = append(stuck, i)
+			}
 		}
-		next := call
-		if c.route(ctx, &next) == nil && next.Node != call.Node {
-			return next.Node, true
+		if len(again)+len(direct)+len(stuck) == 0 || time.Now().After(giveUp) {
+			return
 		}
-		if time.Now().After(deadline) {
-			return "", false
+		switch {
+		case len(again)+len(direct) > 0:
+			c.runAt(ctx, calls, rs, again, false)
+			for _, i := range direct {
+				rs[i] = c.runOnGoRedis(ctx, calls[i])
+			}
+		case slept:
+			c.runAt(ctx, calls, rs, stuck, true)
+		default:
+			if time.Now().Add(wait).After(giveUp) {
+				return
+			}
+			c.topologyMayHaveChanged(ctx)
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			wait = min(2*wait, rerouteFor/4)
+			slept = true
+			continue
+		}
+		slept = false
+	}
+}
+
+// runAt runs the calls at idx through the runner, together, into rs; unrouted, they go where
+// the runner's own routing sends them (their Node kept for what follows).
+func (c *Client) runAt(ctx context.Context, calls []ScriptCall, rs []ScriptResult, idx []int, unrouted bool) {
+	if len(idx) == 0 {
+		return
+	}
+	batch := make([]ScriptCall, len(idx))
+	for j, i := range idx {
+		batch[j] = calls[i]
+		if unrouted {
+			batch[j].Node = ""
 		}
 	}
+	got := c.runner.RunScripts(ctx, batch)
+	for j, i := range idx {
+		if j < len(got) {
+			rs[i] = got[j]
+		}
+	}
+}
+
+// runOnGoRedis runs call on go-redis's client of the master its key maps to, when that is
+// call.Node; otherwise it returns a dial failure again, for follow to route it afresh.
+func (c *Client) runOnGoRedis(ctx context.Context, call ScriptCall) ScriptResult {
+	cc, ok := c.rdb.(*redis.ClusterClient)
+	if !ok {
+		return c.runOne(ctx, call)
+	}
+	node, err := cc.MasterForKey(ctx, call.Keys[0])
+	if err != nil {
+		return ScriptResult{Err: err}
+	}
+	if node.Options().Addr != call.Node {
+		return c.runOne(ctx, call)
+	}
+	args := make([]any, len(call.Args))
+	for i, a := range call.Args {
+		args[i] = a
+	}
+	cmd := node.EvalSha(ctx, call.SHA1, call.Keys, args...)
+	if err := cmd.Err(); err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+		cmd = node.Eval(ctx, call.Source, call.Keys, args...)
+	}
+	return ScriptResult{Val: cmd.Val(), Err: cmd.Err()}
+}
+
+// dialAddr returns the address of a failed dial in err, or "".
+func dialAddr(err error) string {
+	var op *net.OpError
+	if !errors.As(err, &op) || op.Op != "dial" || op.Addr == nil {
+		return ""
+	}
+	return op.Addr.String()
 }
 
 // dialFailed reports whether err says a connection could not be opened, so nothing was sent.
