@@ -2,6 +2,7 @@ package dlock_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -38,10 +39,13 @@ func TestKilledClusterMastersLeasesRenewOnThePromotedReplica(t *testing.T) {
 	}
 }
 
-// A waiter whose lock's slot gets a new Cluster master subscribes again there, so the holder's
-// release there wakes it by push, not by its next periodic retry: after a kill once Redis
-// answers again, after a graceful failover when the old master drops the subscription, and
-// after a failback to the first master. Found by review; issue 9, point 4.
+// A waiter whose lock's slot gets a new Cluster master subscribes again in the slot's shard, so
+// the holder's release there wakes it by push, not by its next periodic retry: after a kill
+// once Redis answers again, after a graceful failover when the old master drops the
+// subscription, and after a failback to the first master. The new subscription may be on the
+// new master or, while go-redis's slot map still names the old one, on that old master, now
+// the new one's replica: Redis Cluster passes a shard channel's messages on to the shard's
+// replicas, so a release wakes it there too. Found by review; issue 9, point 4.
 func TestWaitersSubscribeOnTheSlotsNewMaster(t *testing.T) {
 	cl := redistest.StartClusterT(t, redistest.ClusterConfig{})
 	cc := cl.Client()
@@ -84,21 +88,21 @@ func TestWaitersSubscribeOnTheSlotsNewMaster(t *testing.T) {
 		}()
 		waitQueued(t, waiter, name, 1)
 		current = mv.move(current)
-		admin := current.Client()
 		channel := lockKey(name) + ":released"
 		for deadline := time.Now().Add(5 * time.Second); ; {
-			n, err := admin.PubSubShardNumSub(ctx, channel).Result()
-			if err == nil && n[channel] > 0 {
+			if n := subscribersInShard(cl, current, channel); n > 0 {
 				break
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("%s: the waiter never subscribed to %s on the new master %s (%v, %v); subscribers per node: %s",
-					mv.what, channel, current.Addr, n, err, shardSubscribers(cl, channel))
+				t.Fatalf("%s: the waiter never subscribed to %s in the shard of the new master %s; subscribers per node: %s",
+					mv.what, channel, current.Addr, shardSubscribers(cl, channel))
 			}
 			time.Sleep(20 * time.Millisecond) // the subscription is the waiter's, no event reaches the test
 		}
-		admin.Close()
-		if err := held.Unlock(ctx); err != nil {
+		// Right after a kill go-redis's slot map may still name the dead master for a while
+		// (its reload can ask the dead node first): Unlock may then say Redis is unavailable,
+		// as documented, and release in the background. The waiter gets the lock either way.
+		if err := held.Unlock(ctx); err != nil && !(mv.what == "kill" && errors.Is(err, dlock.ErrUnavailable)) {
 			t.Fatalf("%s: %v", mv.what, err)
 		}
 		if err := <-got; err != nil {
@@ -122,6 +126,24 @@ func killReplicated(t *testing.T, cl *redistest.Cluster, master *redistest.Serve
 		t.Fatal(err)
 	}
 	return promoted, at
+}
+
+// subscribersInShard counts the subscribers of a shard channel on master and its replica.
+func subscribersInShard(cl *redistest.Cluster, master *redistest.Server, channel string) int64 {
+	shard := []*redistest.Server{master}
+	if r := cl.ReplicaOf(master); r != nil {
+		shard = append(shard, r)
+	}
+	var sum int64
+	for _, s := range shard {
+		c := s.Client()
+		n, err := c.PubSubShardNumSub(context.Background(), channel).Result()
+		c.Close()
+		if err == nil {
+			sum += n[channel]
+		}
+	}
+	return sum
 }
 
 // shardSubscribers lists each running node's subscriber count of a shard channel, for a
