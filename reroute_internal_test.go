@@ -11,6 +11,7 @@ import (
 
 	"github.com/dlock-go/dlock/internal/redistest"
 	"github.com/dlock-go/dlock/internal/scripts"
+	"github.com/redis/go-redis/v9"
 )
 
 // deadNodeRunner answers every call to node dead as a refused dial (a killed master the slot
@@ -59,5 +60,74 @@ func TestBatchOnADeadNodeGivesUpOnce(t *testing.T) {
 	t.Logf("batch of %d calls to a refusing node: %v (first error %v), runner calls %d", len(keys), took.Round(time.Millisecond), cmds[0].Err(), r.calls.Load())
 	if took > 2*rerouteFor {
 		t.Errorf("the batch waited %v: rerouteFor per call, serially", took.Round(time.Millisecond))
+	}
+}
+
+// resolvedRefusal is a refused dial as net.Dialer reports it for a node named by hostname
+// ("localhost:p" dialled as [::1]:p): op.Addr is the resolved address, not the node's name.
+func resolvedRefusal(node string) error {
+	_, p, _ := net.SplitHostPort(node)
+	port, _ := strconv.Atoi(p)
+	return &net.OpError{Op: "dial", Net: "tcp", Addr: &net.TCPAddr{IP: net.IPv6loopback, Port: port}, Err: syscall.ECONNREFUSED}
+}
+
+type resolvedDeadRunner struct {
+	dead  string
+	calls atomic.Int32
+}
+
+func (r *resolvedDeadRunner) RunScripts(ctx context.Context, calls []ScriptCall) []ScriptResult {
+	out := make([]ScriptResult, len(calls))
+	for i := range calls {
+		r.calls.Add(1)
+		out[i] = ScriptResult{Err: resolvedRefusal(r.dead)}
+	}
+	return out
+}
+
+// A dead node named by hostname fails its dials with its resolved address, not the node's
+// name: that is not the runner going elsewhere. The call goes through go-redis at most once,
+// then waits for the slot map, and after each wait goes by the runner's own routing. Found by
+// review: it went through go-redis again and again (25 dials), never waiting or reloading.
+func TestDeadNodeNamedByHostnameIsWaitedFor(t *testing.T) {
+	cl := redistest.StartClusterT(t, redistest.ClusterConfig{})
+	victim := cl.Masters()[0].Addr
+	var dials atomic.Int32
+	cc := cl.Client(func(o *redis.ClusterOptions) {
+		o.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if addr == victim {
+				dials.Add(1)
+				return nil, resolvedRefusal(addr)
+			}
+			var d net.Dialer
+			return d.DialContext(ctx, network, addr)
+		}
+	})
+	defer cc.Close()
+	ctx := context.Background()
+	var key string
+	for i := 0; ; i++ {
+		k := "zz:" + strconv.Itoa(i)
+		n, err := cc.MasterForKey(ctx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n.Options().Addr == victim {
+			key = k
+			break
+		}
+	}
+	r := &resolvedDeadRunner{dead: victim}
+	c := New(cc, WithScriptRunner(r))
+	defer c.Close(ctx)
+	start := time.Now()
+	cmd := c.runScript(ctx, scripts.Extend, []string{key}, "h", int64(1000))
+	t.Logf("took %v, err %v, runner calls %d, go-redis dials to the dead node %d",
+		time.Since(start).Round(time.Millisecond), cmd.Err(), r.calls.Load(), dials.Load())
+	if n := dials.Load(); n > 10 { // one call through go-redis dials up to 5 times
+		t.Errorf("go-redis dialled the dead node %d times: the call went through it more than once", n)
+	}
+	if r.calls.Load() < 2 {
+		t.Errorf("the runner was called %d times: the call never waited and went by its own routing", r.calls.Load())
 	}
 }

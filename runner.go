@@ -224,6 +224,7 @@ func (c *Client) resendUnsent(ctx context.Context, calls []ScriptCall, rs []Scri
 	giveUp := time.Now().Add(rerouteFor)
 	wait := rerouteFirstWait
 	slept := false
+	var viaGoRedis []bool // sent through go-redis once: not again (a dialled address may be a name's IP)
 	for {
 		var again, direct, stuck []int
 		for i := range rs {
@@ -239,7 +240,11 @@ func (c *Client) resendUnsent(ctx context.Context, calls []ScriptCall, rs []Scri
 			switch dialed := dialAddr(rs[i].Err); {
 			case calls[i].Node != asked:
 				again = append(again, i)
-			case dialed != "" && dialed != asked:
+			case dialed != "" && dialed != asked && (viaGoRedis == nil || !viaGoRedis[i]):
+				if viaGoRedis == nil {
+					viaGoRedis = make([]bool, len(rs))
+				}
+				viaGoRedis[i] = true
 				direct = append(direct, i)
 			default:
 				stuck = append(stuck, i)
@@ -248,6 +253,7 @@ func (c *Client) resendUnsent(ctx context.Context, calls []ScriptCall, rs []Scri
 		if len(again)+len(direct)+len(stuck) == 0 || time.Now().After(giveUp) {
 			return
 		}
+		c.topologyMayHaveChanged(ctx) // go-redis rate-limits its reloads
 		switch {
 		case len(again)+len(direct) > 0:
 			c.runAt(ctx, calls, rs, again, false)
@@ -260,7 +266,6 @@ func (c *Client) resendUnsent(ctx context.Context, calls []ScriptCall, rs []Scri
 			if time.Now().Add(wait).After(giveUp) {
 				return
 			}
-			c.topologyMayHaveChanged(ctx)
 			t := time.NewTimer(wait)
 			select {
 			case <-ctx.Done():
@@ -293,6 +298,8 @@ func (c *Client) runAt(ctx context.Context, calls []ScriptCall, rs []ScriptResul
 	for j, i := range idx {
 		if j < len(got) {
 			rs[i] = got[j]
+		} else {
+			rs[i] = ScriptResult{Err: fmt.Errorf("dlock: script runner returned %d results for %d calls", len(got), len(batch))}
 		}
 	}
 }
