@@ -305,7 +305,8 @@ func (c *Client) runAt(ctx context.Context, calls []ScriptCall, rs []ScriptResul
 }
 
 // runOnGoRedis runs call on go-redis's client of the master its key maps to, when that is
-// call.Node; otherwise it returns a dial failure again, for follow to route it afresh.
+// call.Node (EVALSHA, then EVAL on NOSCRIPT); otherwise, the map having changed since, it runs
+// it through the runner, whose dial failure resendUnsent then routes afresh.
 func (c *Client) runOnGoRedis(ctx context.Context, call ScriptCall) ScriptResult {
 	cc, ok := c.rdb.(*redis.ClusterClient)
 	if !ok {
