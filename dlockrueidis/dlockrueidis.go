@@ -84,7 +84,8 @@ const noTimeout = time.Duration(math.MaxInt64)
 // Runner returns a dlock.ScriptRunner that runs scripts on rc: EVALSHA, then EVAL of the
 // source on NOSCRIPT, a batch as one DoMulti per node. On a Cluster each call goes to the node
 // dlock names (rc.Nodes()), which returns MOVED and ASK for dlock to follow. Error replies come back as
-// errors satisfying redis.Error, a nil reply as redis.Nil, a closed rc as redis.ErrClosed;
+// errors satisfying redis.Error (but WRONGPASS and NOAUTH as an unknown outcome: rueidis gives
+// a failed credentials refresh's reply to calls that ran), a nil reply as redis.Nil, a closed rc as redis.ErrClosed;
 // transport errors as rueidis returns them. Make rc with DisableRetry and AlwaysPipelining, as
 // ClientFor does: rueidis retries only read-only commands, which dlock's scripts are not, but a
 // lock library must never have a write resent behind its back (nor set ConnLifetime, after
@@ -248,8 +249,9 @@ func (e replyError) Error() string { return string(e) }
 // RedisError marks the error as a reply from Redis (redis.Error).
 func (replyError) RedisError() {}
 
-// convertErr converts a rueidis error: a nil reply is redis.Nil, an error reply a replyError,
-// and the client closed redis.ErrClosed. rueidis also says ErrClosing to the calls of a
+// convertErr converts a rueidis error: a nil reply is redis.Nil, an error reply a replyError
+// (but an authentication failure, see isAuthFailure, is no answer), and the client closed
+// redis.ErrClosed. rueidis also says ErrClosing to the calls of a
 // connection it retires itself (a Sentinel client moving to the new master, a Cluster node
 // removed), and ErrNoSlot while it knows no node for a slot: those are no answer, as a broken
 // connection is (io.ErrUnexpectedEOF, which dlock reads as unavailable).
@@ -266,9 +268,21 @@ func (r *runner) convertErr(err error) error {
 		return fmt.Errorf("dlockrueidis: no node for the slot (%w): %w", io.ErrUnexpectedEOF, err)
 	}
 	if re, ok := rueidis.IsRedisErr(err); ok {
+		if msg := re.Error(); isAuthFailure(msg) {
+			return fmt.Errorf("dlockrueidis: the connection's authentication failed, and the call may have run (%w): %s", io.ErrUnexpectedEOF, strings.Clone(msg))
+		}
 		return replyError(strings.Clone(re.Error()))
 	}
 	return err
+}
+
+// isAuthFailure recognises an AUTH or HELLO refusal. rueidis gives it to every call waiting on
+// the connection when a credentials refresh (AuthCredentialsFn with RefreshAfter) fails on a
+// live connection, which it then retires: calls written before that AUTH, or after it (a failed
+// AUTH leaves the connection as it was), have run, their replies unread. So it is no answer
+// about the call, as a broken connection is not.
+func isAuthFailure(msg string) bool {
+	return strings.HasPrefix(msg, "WRONGPASS") || strings.HasPrefix(msg, "NOAUTH")
 }
 
 // closeProbe bounds the PING that tells a closed rueidis client (which answers ErrClosing at
