@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"reflect"
 	"strconv"
@@ -134,12 +135,7 @@ func (c *Client) runScripts(ctx context.Context, s *redis.Script, keys [][]strin
 			}
 			rs[i] = got[j]
 		}
-		c.resendUnsent(ctx, calls, rs)
-		for _, i := range at {
-			if _, _, ok := redirect(rs[i].Err); ok {
-				rs[i] = c.follow(ctx, calls[i], rs[i]) // the slot moved: this call alone, redirected
-			}
-		}
+		c.settle(ctx, calls, rs, at)
 	}
 	cmds := make([]*redis.Cmd, len(calls))
 	for i, r := range rs {
@@ -182,8 +178,88 @@ func (c *Client) runRouted(ctx context.Context, call ScriptCall) ScriptResult {
 		return ScriptResult{Err: err}
 	}
 	calls, rs := []ScriptCall{call}, []ScriptResult{c.runOne(ctx, call)}
-	c.resendUnsent(ctx, calls, rs)
-	return c.follow(ctx, calls[0], rs[0])
+	c.settle(ctx, calls, rs, []int{0})
+	return rs[0]
+}
+
+// settle does for the calls at idx, which the runner has run into rs, what go-redis does for
+// its own calls: it sends again those whose connection could not be opened (resendUnsent),
+// follows MOVED and ASK (follow), and sends again, after a back-off, those Redis refused
+// without running them (refusedBeforeRunning: a server still loading its data, a demoted
+// master, a slot being migrated), up to as many times as the go-redis client's own retries
+// (retryPolicy), on a Cluster routed afresh.
+func (c *Client) settle(ctx context.Context, calls []ScriptCall, rs []ScriptResult, idx []int) {
+	retries, minBackoff, maxBackoff := c.retryPolicy()
+	for attempt := 0; ; attempt++ {
+		c.resendUnsent(ctx, calls, rs)
+		var refused []int
+		for _, i := range idx {
+			if _, _, ok := redirect(rs[i].Err); ok {
+				rs[i] = c.follow(ctx, calls[i], rs[i]) // the slot moved: this call alone, redirected
+			}
+			if refusedBeforeRunning(rs[i].Err) {
+				refused = append(refused, i)
+			}
+		}
+		if len(refused) == 0 || attempt >= retries {
+			return
+		}
+		if sleepCtx(ctx, c, retryBackoff(attempt, minBackoff, maxBackoff)) != nil {
+			return // the refusal stands: the ctx ended, or the Client closed
+		}
+		c.topologyMayHaveChanged(ctx) // a READONLY node is a demoted master
+		for _, i := range refused {
+			if calls[i].Node != "" && c.route(ctx, &calls[i]) == nil {
+				calls[i].Asking = false
+			}
+		}
+		c.runAt(ctx, calls, rs, refused, false)
+	}
+}
+
+// refusedBeforeRunning reports an error reply with which Redis refused a call without running
+// it, one go-redis sends its own calls again on.
+func refusedBeforeRunning(err error) bool {
+	if err == nil || !isRedisReply(err) {
+		return false
+	}
+	msg := err.Error()
+	for _, p := range []string{"LOADING", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "NOREPLICAS"} {
+		if strings.HasPrefix(msg, p+" ") || msg == p {
+			return true
+		}
+	}
+	return strings.HasPrefix(msg, "ERR max number of clients reached")
+}
+
+// retryPolicy is how the go-redis client sends its own refused calls again: how many times, and
+// the least and most back-off (its options, as go-redis has filled in their defaults).
+func (c *Client) retryPolicy() (retries int, minBackoff, maxBackoff time.Duration) {
+	switch r := c.rdb.(type) {
+	case *redis.Client:
+		o := r.Options()
+		return o.MaxRetries, o.MinRetryBackoff, o.MaxRetryBackoff
+	case *redis.ClusterClient:
+		o := r.Options()
+		return o.MaxRedirects, o.MinRetryBackoff, o.MaxRetryBackoff
+	}
+	return 3, 8 * time.Millisecond, 512 * time.Millisecond // go-redis's defaults
+}
+
+// retryBackoff is the wait before retry number attempt (from 0): at least minBackoff, at most
+// maxBackoff, otherwise random up to minBackoff × 2^(attempt+1), as go-redis waits.
+func retryBackoff(attempt int, minBackoff, maxBackoff time.Duration) time.Duration {
+	if minBackoff <= 0 {
+		return 0
+	}
+	span := minBackoff << min(attempt, 30)
+	if span <= 0 || span > maxBackoff {
+		span = maxBackoff
+	}
+	if span <= 0 {
+		return minBackoff
+	}
+	return min(minBackoff+rand.N(span), max(maxBackoff, minBackoff))
 }
 
 // follow follows the MOVED or ASK reply r to call, up to maxRedirects times, as go-redis does:
