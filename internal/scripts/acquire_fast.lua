@@ -18,22 +18,7 @@ local function acquire_fast()
     return nil
   end
   local token = reserve_block(KEYS[2])
-  local hset = {'HSET', KEYS[1], owner, 1, '#t', string.format('%d', token), '#v', LAYOUT, '#' .. id, 1}
-  if mode ~= '' then
-    for _, v in ipairs({'#k', 'rw', '#m', mode}) do
-      hset[#hset + 1] = v
-    end
-  end
-  if mode == 'r' then
-    -- A reader's mark names it, and its deadline bounds the read phase's (lib.lua hold_lock).
-    local d = now_ms() + tonumber(ARGV[2])
-    hset[10] = owner
-    for _, v in ipairs({'#e:' .. owner, d, '#r', 1, '#x', d}) do
-      hset[#hset + 1] = v
-    end
-  end
-  redis.call(unpack(hset))
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  hold_lock(KEYS[1], owner, '#' .. id, token, ARGV[2], mode, nil)
   return {1, token, 1, 0}
 end
 

@@ -1,8 +1,8 @@
--- head.lua opens every lock script (see scripts.go), after the "#!lua" line: the layout and
--- the token blocks, which an operation's fast path needs. The fast path runs before lib.lua's
--- definitions exist: they are made only when the fast path does not serve the call, because
--- making them costs server time on every call. Scripts are kept to few Redis calls: every call
--- inside a script costs server time on each acquisition.
+-- head.lua opens every lock script (see scripts.go), after the "#!lua" line: the layout, the
+-- token blocks and a fresh hold's fields, which an operation's fast path needs. The fast path
+-- runs before lib.lua's definitions exist: they are made only when the fast path does not
+-- serve the call, because making them costs server time on every call. Scripts are kept to
+-- few Redis calls: every call inside a script costs server time on each acquisition.
 --
 -- Why the "#!lua" line: with it Redis checks, before the script runs, that the server is the
 -- master, has enough replicas (min-replicas-to-write) and memory; a script refused then has
@@ -50,6 +50,45 @@ local function reserve_block(k_fence)
   v = v + BLOCK
   redis.call('SET', k_fence, string.format('%d', v), 'PXAT', string.format('%d', math.floor(v / 1000) + 1))
   return first
+end
+
+-- hold_lock writes a fresh hold of owner (count 1) with its token and sets the TTL. mark is
+-- the hold's "#"..holdId field, or nil for a lock granted to a waiter that confirms the grant
+-- with its own acquire (see grant). mode is '' for a mutex, 'r' or 'w' for a read-write lock.
+-- sem, for a semaphore (mode 'r'), is {permits, n}: its number of permits and how many the
+-- owner takes.
+local function hold_lock(k_lock, owner, mark, token, ttl, mode, sem)
+  local count = 1
+  if mode == 'r' and not mark then
+    count = 0 -- granted, until the reader confirms
+  end
+  local args = {k_lock, owner, count, '#t', string.format('%d', token), '#v', LAYOUT}
+  local function add(f, v)
+    args[#args + 1] = f
+    args[#args + 1] = v
+  end
+  if sem then
+    add('#k', 'sem')
+    add('#n', sem[1])
+    add('#u', sem[2])
+    add('#c:' .. owner, sem[2])
+  elseif mode ~= '' then
+    add('#k', 'rw')
+  end
+  if mode ~= '' then
+    add('#m', mode)
+  end
+  if mark then
+    add(mark, mode == 'r' and owner or 1)
+  end
+  if mode == 'r' then
+    local d = now_ms() + tonumber(ttl)
+    add('#e:' .. owner, d)
+    add('#r', 1)
+    add('#x', d)
+  end
+  redis.call('HSET', unpack(args))
+  redis.call('PEXPIRE', k_lock, ttl)
 end
 
 -- The op log keeps the hold ids of an owner's RECENT last releases (newest first), so a
