@@ -10,6 +10,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/dlockrueidis"
+	"github.com/dlock-go/dlock/internal/redistest"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
 )
@@ -26,7 +27,21 @@ var defaultDialer = func() uintptr {
 // suite's go-redis clients come and go per test; their servers are few).
 var rueidisClients sync.Map // string -> rueidis.Client
 
+// made holds every rueidis client the hook made, closed after the tests (redistest.AtEnd), so
+// that the leak check after them sees only goroutines nothing would ever stop.
+var made struct {
+	sync.Mutex
+	clients []rueidis.Client
+}
+
 func init() {
+	redistest.AtEnd(func() {
+		made.Lock()
+		defer made.Unlock()
+		for _, rc := range made.clients {
+			rc.Close()
+		}
+	})
 	dlock.SetTestScriptRunner(func(rdb redis.UniversalClient) dlock.ScriptRunner {
 		key := ""
 		switch r := rdb.(type) {
@@ -59,6 +74,9 @@ func init() {
 		if err != nil {
 			return nil // a Sentinel client, or a server down from the start: go-redis runs it
 		}
+		made.Lock()
+		made.clients = append(made.clients, rc)
+		made.Unlock()
 		if key != "" {
 			if prev, loaded := rueidisClients.LoadOrStore(key, rc); loaded {
 				rc.Close()

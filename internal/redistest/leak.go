@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// leakedGoroutines waits up to timeout for every goroutine started by dlock or go-redis to
+// leakedGoroutines waits up to timeout for every goroutine started by dlock, go-redis or rueidis to
 // exit, and returns the stacks of those still running. The test runner's own goroutines
 // (and this function's) are not counted.
 func leakedGoroutines(timeout time.Duration) []string {
@@ -22,7 +22,8 @@ func leakedGoroutines(timeout time.Duration) []string {
 			if strings.Contains(s, "redistest.leakedGoroutines") || strings.Contains(s, "redistest.Main") {
 				continue
 			}
-			if strings.Contains(s, "github.com/dlock-go/dlock") || strings.Contains(s, "github.com/redis/go-redis") {
+			if strings.Contains(s, "github.com/dlock-go/dlock") || strings.Contains(s, "github.com/redis/go-redis") ||
+				strings.Contains(s, "github.com/redis/rueidis") {
 				leaked = append(leaked, s)
 			}
 		}

@@ -40,7 +40,7 @@ var (
 )
 
 // Main runs a test package against one shared server started before the tests and stopped
-// after them, then fails the package if any goroutine of dlock or go-redis is still running. Use it from TestMain: os.Exit(redistest.Main(m)). It exits non-zero with a clear
+// after them, then fails the package if any goroutine of dlock, go-redis or rueidis is still running. Use it from TestMain: os.Exit(redistest.Main(m)). It exits non-zero with a clear
 // message when redis-server cannot start.
 // Each before function runs once the server is up, before the tests.
 func Main(m *testing.M, before ...func(*Server)) int {
@@ -56,6 +56,12 @@ func Main(m *testing.M, before ...func(*Server)) int {
 	shared = s
 	sharedMu.Unlock()
 	code := m.Run()
+	atEndMu.Lock()
+	ends := atEnd
+	atEndMu.Unlock()
+	for _, f := range ends {
+		f()
+	}
 	s.Stop()
 	if code == 0 {
 		if err := checkLeaks(); err != nil {
@@ -64,6 +70,19 @@ func Main(m *testing.M, before ...func(*Server)) int {
 		}
 	}
 	return code
+}
+
+var (
+	atEndMu sync.Mutex
+	atEnd   []func()
+)
+
+// AtEnd has Main call f after the tests, before it looks for leaked goroutines: for what a
+// test hook keeps for the whole run (clients shared between tests) and closes then.
+func AtEnd(f func()) {
+	atEndMu.Lock()
+	defer atEndMu.Unlock()
+	atEnd = append(atEnd, f)
 }
 
 // Shared returns the package's shared server (see Main).
