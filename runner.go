@@ -190,8 +190,9 @@ func (c *Client) runRouted(ctx context.Context, call ScriptCall) ScriptResult {
 // (retryPolicy), on a Cluster routed afresh.
 func (c *Client) settle(ctx context.Context, calls []ScriptCall, rs []ScriptResult, idx []int) {
 	retries, minBackoff, maxBackoff := c.retryPolicy()
+	giveUp := time.Now().Add(rerouteFor) // for dial failures, over every pass
 	for attempt := 0; ; attempt++ {
-		c.resendUnsent(ctx, calls, rs)
+		c.resendUnsent(ctx, calls, rs, giveUp)
 		var refused []int
 		for _, i := range idx {
 			if _, _, ok := redirect(rs[i].Err); ok {
@@ -229,7 +230,8 @@ func refusedBeforeRunning(err error) bool {
 			return true
 		}
 	}
-	return strings.HasPrefix(msg, "ERR max number of clients reached")
+	// rueidis drops an error reply's "ERR " prefix.
+	return strings.HasPrefix(strings.TrimPrefix(msg, "ERR "), "max number of clients reached")
 }
 
 // retryPolicy is how the go-redis client sends its own refused calls again: how many times, and
@@ -243,11 +245,11 @@ func (c *Client) retryPolicy() (retries int, minBackoff, maxBackoff time.Duratio
 		o := r.Options()
 		return o.MaxRedirects, o.MinRetryBackoff, o.MaxRetryBackoff
 	}
-	return 3, 8 * time.Millisecond, 512 * time.Millisecond // go-redis's defaults
+	return 3, 10 * time.Millisecond, time.Second // go-redis's defaults (v9.22)
 }
 
 // retryBackoff is the wait before retry number attempt (from 0): at least minBackoff, at most
-// maxBackoff, otherwise random up to minBackoff × 2^(attempt+1), as go-redis waits.
+// maxBackoff, otherwise random below minBackoff × (2^attempt + 1), about as go-redis waits.
 func retryBackoff(attempt int, minBackoff, maxBackoff time.Duration) time.Duration {
 	if minBackoff <= 0 {
 		return 0
@@ -288,7 +290,7 @@ const (
 // resendUnsent sends again the calls whose connection could not be opened (rs[i] a dial
 // failure: nothing was sent, see ScriptRunner), which on a Cluster is a killed master that a
 // slot map still names: go-redis's, whose reload waits for a node that has seen the promotion,
-// or the runner's own. For up to rerouteFor, or until ctx ends (leaving the dial failure), it
+// or the runner's own. Until giveUp, or until ctx ends (leaving the dial failure), it
 // has go-redis reload its map and sends each such call again:
 //   - where go-redis's map names another node for it now (a batch's calls together);
 //   - through go-redis's client of its node when the runner sent it elsewhere (the runner does
@@ -296,8 +298,7 @@ const (
 //   - else, after a wait, by the runner's own routing (Node ""), whose map may be the fresher.
 //
 // go-redis does the same for its own calls.
-func (c *Client) resendUnsent(ctx context.Context, calls []ScriptCall, rs []ScriptResult) {
-	giveUp := time.Now().Add(rerouteFor)
+func (c *Client) resendUnsent(ctx context.Context, calls []ScriptCall, rs []ScriptResult, giveUp time.Time) {
 	wait := rerouteFirstWait
 	slept := false
 	var viaGoRedis []bool // sent through go-redis once: not again (a dialled address may be a name's IP)
