@@ -276,13 +276,22 @@ func (r *runner) convertErr(err error) error {
 	return err
 }
 
-// isAuthFailure recognises an AUTH or HELLO refusal. rueidis gives it to every call waiting on
-// the connection when a credentials refresh (AuthCredentialsFn with RefreshAfter) fails on a
-// live connection, which it then retires: calls written before that AUTH, or after it (a failed
-// AUTH leaves the connection as it was), have run, their replies unread. So it is no answer
-// about the call, as a broken connection is not.
+// isAuthFailure recognises a refusal of AUTH or HELLO: WRONGPASS, NOAUTH, or another error
+// that names AUTH or a password (an AUTH of a password only, for a default user without one),
+// but never a reply of dlock's own scripts (DLOCK..., which quote lock names). rueidis gives
+// it to every call waiting on the connection when a credentials refresh (AuthCredentialsFn
+// with RefreshAfter) fails on a live connection, which it then retires: calls written before
+// that AUTH, or after it (a failed AUTH leaves the connection as it was), have run, their
+// replies unread. So it is no answer about the call, as a broken connection is not. (A module's
+// own authentication may refuse in words of its own, which this cannot know.)
 func isAuthFailure(msg string) bool {
-	return strings.HasPrefix(msg, "WRONGPASS") || strings.HasPrefix(msg, "NOAUTH")
+	switch {
+	case strings.HasPrefix(msg, "DLOCK"):
+		return false
+	case strings.HasPrefix(msg, "WRONGPASS"), strings.HasPrefix(msg, "NOAUTH"):
+		return true
+	}
+	return strings.Contains(msg, "AUTH") || strings.Contains(strings.ToLower(msg), "password")
 }
 
 // closeProbe bounds the PING that tells a closed rueidis client (which answers ErrClosing at

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/dlockrueidis"
 	"github.com/dlock-go/dlock/internal/redistest"
 	"github.com/redis/go-redis/v9"
@@ -44,13 +45,18 @@ func TestLoadingIsWaitedOutAsGoRedisDoes(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(rc.Close)
-	c := newClient(t, dlockrueidis.New(rdb, rc))
+	cnt := &counting{r: dlockrueidis.RunnerFor(rdb, rc)}
+	c := newClient(t, dlock.New(rdb, dlock.WithScriptRunner(cnt)))
+	ao := *admin.Options()
+	ao.MaxRetries = -1 // sees LOADING as it is
+	probe := redis.NewClient(&ao)
+	t.Cleanup(func() { _ = probe.Close() })
 
 	srv.Kill()
 	if err := srv.RestartNoWait(); err != nil {
 		t.Fatal(err)
 	}
-	if err := admin.Ping(ctx).Err(); err == nil || !strings.HasPrefix(err.Error(), "LOADING") {
+	if err := probe.Ping(ctx).Err(); err == nil || !strings.HasPrefix(err.Error(), "LOADING") {
 		t.Fatalf("PING right after the restart: %v, want LOADING", err)
 	}
 	began := time.Now()
@@ -58,7 +64,10 @@ func TestLoadingIsWaitedOutAsGoRedisDoes(t *testing.T) {
 	if err != nil {
 		t.Fatalf("TryLock while the server loads: %v, want a lease once it has loaded", err)
 	}
-	t.Logf("TryLock while the server loads took %v", time.Since(began).Round(time.Millisecond))
+	t.Logf("TryLock while the server loads took %v, %d script calls", time.Since(began).Round(time.Millisecond), cnt.calls.Load())
+	if n := cnt.calls.Load(); n < 2 {
+		t.Errorf("TryLock made %d script call(s): the server had loaded before it, no LOADING was waited out", n)
+	}
 	if err := l.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}

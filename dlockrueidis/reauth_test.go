@@ -7,6 +7,7 @@ import (
 	"errors"
 	"net"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -162,7 +163,11 @@ func TestFailedReAuthIsNoAnswer(t *testing.T) {
 		t.Fatal(err)
 	}
 	close(refresh)
-	<-g.authOut // written right after the function returns
+	select {
+	case <-g.authOut: // written right after the function returns
+	case <-time.After(10 * time.Second):
+		t.Fatal("rueidis sent no AUTH to refresh the credentials")
+	}
 	_, err = c.Mutex(name).TryLock(ctx)
 	t.Logf("TryLock whose acquire ran behind a failed re-AUTH: %v", err)
 	if !errors.Is(err, dlock.ErrUnavailable) || errors.Is(err, dlock.ErrNotObtained) {
@@ -174,6 +179,15 @@ func TestFailedReAuthIsNoAnswer(t *testing.T) {
 	l, err := other.Mutex(name).Lock(wctx)
 	if err != nil {
 		t.Fatalf("lock left held after an acquire answered by a failed re-AUTH: %v", err)
+	}
+	// The undo released a hold ("r:" + owner in the op log): the acquire had run.
+	log := admin.HGetAll(ctx, dlock.DefaultKeyPrefix+"{"+name+"}:log").Val()
+	ran := false
+	for f := range log {
+		ran = ran || strings.HasPrefix(f, "r:")
+	}
+	if !ran {
+		t.Errorf("the acquire did not run (op log %v): the test did not stage what it names", log)
 	}
 	_ = l.Unlock(ctx)
 }
