@@ -190,9 +190,9 @@ func (c *Client) runRouted(ctx context.Context, call ScriptCall) ScriptResult {
 // (retryPolicy), on a Cluster routed afresh.
 func (c *Client) settle(ctx context.Context, calls []ScriptCall, rs []ScriptResult, idx []int) {
 	retries, minBackoff, maxBackoff := c.retryPolicy()
-	giveUp := time.Now().Add(rerouteFor) // for dial failures, over every pass
+	var giveUp time.Time // for dial failures, over every pass: rerouteFor from the first
 	for attempt := 0; ; attempt++ {
-		c.resendUnsent(ctx, calls, rs, giveUp)
+		c.resendUnsent(ctx, calls, rs, &giveUp)
 		var refused []int
 		for _, i := range idx {
 			if _, _, ok := redirect(rs[i].Err); ok {
@@ -290,7 +290,8 @@ const (
 // resendUnsent sends again the calls whose connection could not be opened (rs[i] a dial
 // failure: nothing was sent, see ScriptRunner), which on a Cluster is a killed master that a
 // slot map still names: go-redis's, whose reload waits for a node that has seen the promotion,
-// or the runner's own. Until giveUp, or until ctx ends (leaving the dial failure), it
+// or the runner's own. Until *giveUp (set to rerouteFor from now if zero, when there is such a
+// call), or until ctx ends (leaving the dial failure), it
 // has go-redis reload its map and sends each such call again:
 //   - where go-redis's map names another node for it now (a batch's calls together);
 //   - through go-redis's client of its node when the runner sent it elsewhere (the runner does
@@ -298,7 +299,7 @@ const (
 //   - else, after a wait, by the runner's own routing (Node ""), whose map may be the fresher.
 //
 // go-redis does the same for its own calls.
-func (c *Client) resendUnsent(ctx context.Context, calls []ScriptCall, rs []ScriptResult, giveUp time.Time) {
+func (c *Client) resendUnsent(ctx context.Context, calls []ScriptCall, rs []ScriptResult, giveUp *time.Time) {
 	wait := rerouteFirstWait
 	slept := false
 	var viaGoRedis []bool // sent through go-redis once: not again (a dialled address may be a name's IP)
@@ -327,7 +328,13 @@ func (c *Client) resendUnsent(ctx context.Context, calls []ScriptCall, rs []Scri
 				stuck = append(stuck, i)
 			}
 		}
-		if len(again)+len(direct)+len(stuck) == 0 || time.Now().After(giveUp) {
+		if len(again)+len(direct)+len(stuck) == 0 {
+			return
+		}
+		if giveUp.IsZero() {
+			*giveUp = time.Now().Add(rerouteFor)
+		}
+		if time.Now().After(*giveUp) {
 			return
 		}
 		c.topologyMayHaveChanged(ctx) // go-redis rate-limits its reloads
@@ -340,7 +347,7 @@ func (c *Client) resendUnsent(ctx context.Context, calls []ScriptCall, rs []Scri
 		case slept:
 			c.runAt(ctx, calls, rs, stuck, true)
 		default:
-			if time.Now().Add(wait).After(giveUp) {
+			if time.Now().Add(wait).After(*giveUp) {
 				return
 			}
 			t := time.NewTimer(wait)

@@ -27,9 +27,12 @@ func TestAuthFailuresAsRedisWordsThem(t *testing.T) {
 			t.Errorf("%v: %q not read as an authentication failure", args, msg)
 		}
 	}
-	for _, msg := range []string{
+	for _, msg := range []string{ // definite answers that quote names a user chooses
 		"DLOCKKIND lock dlock:{password-reset} is a mutex, not a read-write lock",
-		"NOPERM User u has no permissions to run the 'evalsha' command",
+		"NOPERM User password-svc has no permissions to run the 'evalsha' command",
+		"ACL failure in script: User AUTHZ has no permissions to run the 'publish' command script: x",
+		"unknown command 'evalsha', with args beginning with: 'f2bf' '5' 'dlock:{password-reset}' ",
+		"MOVED 12 password-redis-0.svc:6379",
 		"WRONGTYPE Operation against a key holding the wrong kind of value",
 	} {
 		if isAuthFailure(msg) {

@@ -276,22 +276,24 @@ func (r *runner) convertErr(err error) error {
 	return err
 }
 
-// isAuthFailure recognises a refusal of AUTH or HELLO: WRONGPASS, NOAUTH, or another error
-// that names AUTH or a password (an AUTH of a password only, for a default user without one),
-// but never a reply of dlock's own scripts (DLOCK..., which quote lock names). rueidis gives
-// it to every call waiting on the connection when a credentials refresh (AuthCredentialsFn
-// with RefreshAfter) fails on a live connection, which it then retires: calls written before
-// that AUTH, or after it (a failed AUTH leaves the connection as it was), have run, their
-// replies unread. So it is no answer about the call, as a broken connection is not. (A module's
-// own authentication may refuse in words of its own, which this cannot know.)
+// isAuthFailure recognises a refusal of AUTH or HELLO by how Redis words one (rueidis drops
+// an error's "ERR " prefix): WRONGPASS, NOAUTH, "AUTH <password> called without any password
+// configured..." (a password alone, for a default user without one), and before Redis 6
+// "invalid password" and "Client sent AUTH, but no password is set". rueidis gives it to every
+// call waiting on the connection when a credentials refresh (AuthCredentialsFn with
+// RefreshAfter) fails on a live connection, which it then retires: calls written before that
+// AUTH, or after it (a failed AUTH leaves the connection as it was), have run, their replies
+// unread. So it is no answer about the call, as a broken connection is not. Only openings are
+// matched: other replies (NOPERM, an unknown command, MOVED) may quote user, key or host
+// names. (A module's own authentication may refuse in words of its own, which this cannot
+// know.)
 func isAuthFailure(msg string) bool {
-	switch {
-	case strings.HasPrefix(msg, "DLOCK"):
-		return false
-	case strings.HasPrefix(msg, "WRONGPASS"), strings.HasPrefix(msg, "NOAUTH"):
-		return true
+	for _, p := range []string{"WRONGPASS", "NOAUTH", "AUTH ", "invalid password", "Client sent AUTH"} {
+		if strings.HasPrefix(msg, p) {
+			return true
+		}
 	}
-	return strings.Contains(msg, "AUTH") || strings.Contains(strings.ToLower(msg), "password")
+	return false
 }
 
 // closeProbe bounds the PING that tells a closed rueidis client (which answers ErrClosing at
