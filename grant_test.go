@@ -434,3 +434,45 @@ func TestWaiterLeavingTheHeadOfAFreeLockWakesTheNext(t *testing.T) {
 	releaseMode(t, rdb, k, "X", "hx", "w", true) // X gives up
 	_ = got(t, "reader behind the waiter that left", r).Unlock(ctx)
 }
+
+// A waiter whose queue score runs ahead of the server's clock (joins in one millisecond are
+// placed up to 1 ms ahead of it) has waited 0, not less: a release asked to hand the lock on
+// at once grants it, and a caller that may not barge (window 0) does not go ahead of it. A
+// negative wait did both wrong (seen as a flake of TestReadersGrantedTogetherWithTheirRecordedHolds).
+func TestWaiterQueuedAheadOfTheClockIsFirst(t *testing.T) {
+	rdb := redistest.Client(t)
+	ctx := ctxT(t)
+	// aheadOfClock moves member's queue score to just under 1 ms after the server's clock.
+	aheadOfClock := func(k lockNames, member string) {
+		now, err := rdb.Time(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		score := float64(now.UnixMicro())/1000 + 0.9
+		if err := rdb.ZAddXX(ctx, k.queue, redis.Z{Score: score, Member: member}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	k := names(t)
+	acquireMode(t, rdb, k, "A", "ha", "")
+	acquireMode(t, rdb, k, "B", "hb", "")
+	aheadOfClock(k, "B")
+	if n := releaseMode(t, rdb, k, "A", "ha", "", false); n != 3 {
+		t.Errorf("A's release = %d, want 3 (handed to B, first in line)", n)
+	}
+
+	k = names(t)
+	acquireMode(t, rdb, k, "A", "ha", "")
+	acquireMode(t, rdb, k, "B", "hb", "")
+	aheadOfClock(k, "B")
+	if err := rdb.Del(ctx, k.lock).Err(); err != nil { // A's hold expired: the lock is free
+		t.Fatal(err)
+	}
+	if res := acquireBarging(t, rdb, k, "C", "hc", true, true, 0); res[0] == 1 {
+		t.Errorf("C, which may not barge, took the lock ahead of B: %v", res)
+	}
+	if h := rdb.HGetAll(ctx, k.lock).Val(); h["B"] == "" {
+		t.Errorf("lock after C's attempt: %v, want it granted to B", h)
+	}
+}

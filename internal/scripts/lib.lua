@@ -11,7 +11,10 @@ end
 
 -- first_waiter returns the first live waiter of the queue (a sorted set scored by the time,
 -- in ms, each waiter joined) and how long it has waited, dropping dead waiters on the way;
--- nil when nobody live waits.
+-- nil when nobody live waits. The wait is never below 0: a score may run up to 1 ms ahead of
+-- the clock (place_after_tail), and a negative wait would read as shorter than a barging
+-- window of 0, so a caller that must not barge would go ahead of the waiter, and a release
+-- asked to hand the lock on at once would free it instead.
 local function first_waiter(k_queue, k_live)
   local now
   while true do
@@ -19,7 +22,7 @@ local function first_waiter(k_queue, k_live)
     if #e == 0 then return nil end
     now = now or now_ms()
     if tonumber(redis.call('HGET', k_live, e[1]) or '0') >= now then
-      return e[1], now - tonumber(e[2])
+      return e[1], math.max(0, now - tonumber(e[2]))
     end
     redis.call('ZREM', k_queue, e[1])
     redis.call('HDEL', k_live, e[1])
