@@ -442,13 +442,14 @@ func TestWaiterLeavingTheHeadOfAFreeLockWakesTheNext(t *testing.T) {
 func TestWaiterQueuedAheadOfTheClockIsFirst(t *testing.T) {
 	rdb := redistest.Client(t)
 	ctx := ctxT(t)
-	// aheadOfClock moves member's queue score to just under 1 ms after the server's clock.
+	// aheadOfClock moves member's queue score ahead of the server's clock: by an hour, so the
+	// clock cannot catch up before the script runs (only the sign of the wait matters).
 	aheadOfClock := func(k lockNames, member string) {
 		now, err := rdb.Time(ctx).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
-		score := float64(now.UnixMicro())/1000 + 0.9
+		score := float64(now.Add(time.Hour).UnixMilli())
 		if err := rdb.ZAddXX(ctx, k.queue, redis.Z{Score: score, Member: member}).Err(); err != nil {
 			t.Fatal(err)
 		}

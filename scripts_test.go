@@ -362,8 +362,8 @@ func TestQueueKeepsArrivalOrderWithinAMillisecond(t *testing.T) {
 
 // A queue entry scored in the server's future (written before the clock stepped back, or on a
 // master whose clock was ahead before a failover) is not passed on to waiters joining after
-// it: their wait would count as negative, so a release with no barging window would not grant
-// the first of them, and a caller that never queued would take the lock ahead of it.
+// it: their wait would count as 0 until the clock caught up, so a release would not grant the
+// first of them for as long as the step, and callers that never queued would barge ahead of it.
 func TestQueueDoesNotPassOnAFutureScore(t *testing.T) {
 	rdb, k := heldBy(t, "H", "h1")
 	ctx := ctxT(t)

@@ -35,8 +35,9 @@ end
 -- name, not arrival: a reader that came after a waiting writer would go first. Only scores up
 -- to now + 1 count (a burst of joins runs ahead of the clock by far less): one written under
 -- a clock ahead of this server's (a step back, a failover) would otherwise be passed on to
--- every later waiter, whose wait would count as negative and so never be granted a lock
--- directly while callers outside the queue barge ahead of it. A score after the latest is a
+-- every later waiter, whose wait would count as 0 (first_waiter) until the clock caught up,
+-- so it would not be granted a lock directly while callers outside the queue barge ahead of it
+-- within the barging window. A score after the latest is a
 -- string with 3 decimals: Lua passes a number to Redis with 14 digits, dropping the fraction.
 local function place_after_tail(k_queue, now)
   local last = redis.call('ZRANGE', k_queue, now + 1, '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, 1, 'WITHSCORES')[2]
