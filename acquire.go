@@ -148,7 +148,10 @@ type holdSpec struct {
 	owner     string
 	reentrant bool // false for a cohort: its own hold found in Redis is stale and re-taken
 	noBarge   bool // a cohort's acquirer: never take a free lock ahead of waiting processes
-	access    access
+	// handOn: the hold's release grants the lock to its first waiter however briefly that
+	// has waited (no barging window; hold.handOn)
+	handOn bool
+	access access
 	// failFast: a wait (waitHold) returns Redis's ErrUnavailable instead of waiting it out (a
 	// Redlock waits on one master while others may serve it)
 	failFast bool
@@ -293,7 +296,7 @@ func (c *Client) startHold(ctx context.Context, s holdSpec, holdID string, token
 	h := &hold{
 		c: c, name: s.name, keys: s.keys, cfg: s.cfg, owner: s.owner, holdID: holdID, access: s.access, sem: s.sem,
 		token: token, tracked: make(chan struct{}), ttl: ttl, grantTTL: grantTTL, heapIdx: -1,
-		othersWait: othersWait,
+		othersWait: othersWait, handOn: s.handOn,
 	}
 	if c.since(sent) >= s.cfg.safeLease(h.liveTTL()) {
 		return late(errLateReply)

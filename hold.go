@@ -35,8 +35,12 @@ type hold struct {
 	// othersWait: a read hold taken while someone waited in the lock's queue (a writer, since
 	// readers first in line are admitted together), so no more local readers may share it
 	othersWait bool
-	token      uint64 // first token of the block reserved by this hold
-	notif      *notifier
+	// handOn: its release grants the lock to the first waiter at once, however briefly that
+	// has waited, instead of freeing it for the waiter to compete for within the barging
+	// window (a MultiLock's member: see MultiLock)
+	handOn bool
+	token  uint64 // first token of the block reserved by this hold
+	notif  *notifier
 	// tracked is closed once a tracked read confirmed the hold, so a later change of the key
 	// is pushed (tests wait on it before tampering with the key).
 	tracked     chan struct{}
@@ -188,7 +192,7 @@ func (h *hold) beginRelease() bool {
 // release runs the release script: 3 handed to a waiter, 2 freed, 1 one hold dropped (or an
 // earlier attempt already applied), 0 not held.
 func (h *hold) release(ctx context.Context) (int, error) {
-	return runRelease(ctx, h.c, h.keys, h.owner, h.holdID, h.access, h.sem, releaseNormal)
+	return runRelease(ctx, h.c, h.keys, h.owner, h.holdID, h.access, h.sem, h.releaseMode())
 }
 
 // releaseLater retries the release of h, whose release got no answer, in the background
@@ -233,7 +237,16 @@ const (
 	releaseNormal       releaseMode = iota
 	releaseIfAcquired               // clean-up after an acquire whose reply was lost
 	releaseLeavingQueue             // a waiter giving up, possibly granted meanwhile
+	releaseHandingOn                // releaseNormal with no barging window (hold.handOn)
 )
+
+// releaseMode is how the hold's own release runs: releaseHandingOn for a handOn hold.
+func (h *hold) releaseMode() releaseMode {
+	if h.handOn {
+		return releaseHandingOn
+	}
+	return releaseNormal
+}
 
 // runRelease runs the release script for owner's hold holdID in mode; undo, for a waiter
 // leaving the queue, names its wait's earlier hold ids whose holds go too (holdSpec.undo).
@@ -251,10 +264,14 @@ func runReleaseOn(ctx context.Context, rdb redis.Scripter, c *Client, k keys, ow
 
 // releaseCall is the release script's keys and arguments (release.lua).
 func releaseCall(c *Client, k keys, owner, holdID string, a access, sem semSpec, mode releaseMode, undo []string) ([]string, []any) {
+	barge := bargeWindow
+	if mode == releaseHandingOn {
+		barge = 0
+	}
 	return []string{k.lock, k.opLog, k.fence, k.queue, k.live},
 		[]any{owner, holdID, opLogTTL.Milliseconds(), k.channel, mode == releaseIfAcquired,
 			grantGrace.Milliseconds(), c.publishCmd, mode == releaseLeavingQueue,
-			bargeWindow.Milliseconds(), string(a), strings.Join(undo, " "), sem.permits, sem.n}
+			barge.Milliseconds(), string(a), strings.Join(undo, " "), sem.permits, sem.n}
 }
 
 // access is how a hold holds its lock: a mutex's (""), a read-write lock's shared ("r")

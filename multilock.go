@@ -55,6 +55,11 @@ var errSlowMember = errors.New("no answer while the MultiLock held members befor
 // order, so they never wait for each other in a cycle. (Code that nests plain Mutexes on the same names in another order can still deadlock
 // with it then, as with any ordered locking.)
 //
+// Its releases hand each member straight to the member's first waiter. (A Mutex's release
+// frees a lock whose first waiter has waited only a few milliseconds, for that waiter to take
+// with another attempt unless a caller outside the queue takes it first: that keeps a busy
+// process going on a lock it re-takes at once, which a MultiLock call never does.)
+//
 // The lease is the same *Lease as a Mutex's, over all members: it is lost as soon as any member
 // is lost (the others are then released), Extend and Unlock act on every member, Remaining is
 // the least of theirs, and Tokens gives each member's fencing token (Token is 0). An Extend runs
@@ -130,7 +135,7 @@ func (ml *MultiLock) lock(ctx context.Context, wait bool) (*Lease, error) {
 		owner := ml.ids.call()
 		specs := make([]holdSpec, len(ml.names))
 		for i, n := range ml.names {
-			specs[i] = holdSpec{name: n, keys: ml.keys[i], cfg: ml.cfg, owner: owner, reentrant: ml.cfg.ownerSet}
+			specs[i] = holdSpec{name: n, keys: ml.keys[i], cfg: ml.cfg, owner: owner, reentrant: ml.cfg.ownerSet, handOn: true}
 		}
 		hs, err := ml.c.takeAll(ctx, specs, &ml.together, wait, ml.ids.call)
 		if err != nil {
