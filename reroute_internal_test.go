@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -18,7 +19,6 @@ import (
 // deadNodeRunner answers every call as a refused dial (a killed master the slot map still
 // names, before any failover), but a call on key refused with CLUSTERDOWN, and counts the calls.
 type deadNodeRunner struct {
-	dead    string
 	refused string
 	calls   atomic.Int32
 }
@@ -63,7 +63,7 @@ func TestBatchOnADeadNodeGivesUpOnce(t *testing.T) {
 			keys, args = append(keys, []string{k}), append(args, []any{"h", int64(1000)})
 		}
 	}
-	r := &deadNodeRunner{dead: victim, refused: keys[len(keys)-1][0]}
+	r := &deadNodeRunner{refused: keys[len(keys)-1][0]}
 	c := New(cc, WithScriptRunner(r))
 	defer c.Close(ctx)
 	start := time.Now()
@@ -143,5 +143,82 @@ func TestDeadNodeNamedByHostnameIsWaitedFor(t *testing.T) {
 	// (The dials also count go-redis's slot-map reloads that try the dead node: no bound here.)
 	if r.calls.Load() < 2 {
 		t.Errorf("the runner was called %d times: the call never waited and went by its own routing", r.calls.Load())
+	}
+}
+
+// movedError is a MOVED reply naming addr.
+type movedError struct{ addr string }
+
+func (e movedError) Error() string { return "MOVED 1234 " + e.addr }
+func (movedError) RedisError()     {}
+
+// movedToDeadRunner runs calls on the node they name, but answers a call's first send with
+// MOVED to dead (a node that still names a killed master as the slot's owner), and every call
+// sent to dead with a refused dial.
+type movedToDeadRunner struct {
+	dead    string
+	cc      *redis.ClusterClient // the runner's own routing, for a call naming no node
+	mu      sync.Mutex
+	bounced bool
+	nodes   map[string]redis.Scripter
+	calls   atomic.Int32
+}
+
+func (r *movedToDeadRunner) RunScripts(ctx context.Context, calls []ScriptCall) []ScriptResult {
+	out := make([]ScriptResult, len(calls))
+	for i, c := range calls {
+		r.calls.Add(1)
+		r.mu.Lock()
+		bounce := !r.bounced
+		r.bounced = true
+		var rdb redis.Scripter = r.cc
+		if c.Node != "" {
+			rdb = r.nodes[c.Node]
+		}
+		if rdb == nil && c.Node != r.dead {
+			rdb = redis.NewClient(&redis.Options{Addr: c.Node})
+			r.nodes[c.Node] = rdb
+		}
+		r.mu.Unlock()
+		switch {
+		case bounce:
+			out[i] = ScriptResult{Err: movedError{r.dead}}
+		case c.Node == r.dead:
+			addr, _ := net.ResolveTCPAddr("tcp", r.dead)
+			out[i] = ScriptResult{Err: &net.OpError{Op: "dial", Net: "tcp", Addr: addr, Err: syscall.ECONNREFUSED}}
+		default:
+			args := make([]any, len(c.Args))
+			for j, a := range c.Args {
+				args[j] = a
+			}
+			v, err := rdb.Eval(ctx, c.Source, c.Keys, args...).Result()
+			out[i] = ScriptResult{Val: v, Err: err}
+		}
+	}
+	return out
+}
+
+// A MOVED reply that redirects a call to a node whose dial fails (the redirecting node still
+// names a killed master) leaves the call unsent: it is routed afresh and sent again, as a
+// call whose own dial failed is. Found by review: it was sent again only when another call of
+// the batch had been refused, and otherwise came back as the dial failure.
+func TestRedirectToADeadNodeIsSentAgain(t *testing.T) {
+	cl := redistest.StartClusterT(t, redistest.ClusterConfig{})
+	cc := cl.Client()
+	defer cc.Close()
+	ctx := context.Background()
+	r := &movedToDeadRunner{dead: "127.0.0.1:1", cc: cc, nodes: map[string]redis.Scripter{}}
+	defer func() {
+		for _, rdb := range r.nodes {
+			_ = rdb.(*redis.Client).Close()
+		}
+	}()
+	c := New(cc, WithScriptRunner(r))
+	defer c.Close(ctx)
+	start := time.Now()
+	cmd := c.runScript(ctx, scripts.Extend, []string{"zz:moved"}, "h", int64(1000))
+	t.Logf("took %v, err %v, runner calls %d", time.Since(start).Round(time.Millisecond), cmd.Err(), r.calls.Load())
+	if err := cmd.Err(); err != nil {
+		t.Fatalf("the redirected call: %v, want it sent again to the slot's master and answered", err)
 	}
 }

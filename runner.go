@@ -191,15 +191,32 @@ func (c *Client) runRouted(ctx context.Context, call ScriptCall) ScriptResult {
 func (c *Client) settle(ctx context.Context, calls []ScriptCall, rs []ScriptResult, idx []int) {
 	retries, minBackoff, maxBackoff := c.retryPolicy()
 	var giveUp time.Time // for dial failures, over every pass: rerouteFor from the first
+	unsentWait := rerouteFirstWait
 	for attempt := 0; ; attempt++ {
 		c.resendUnsent(ctx, calls, rs, &giveUp)
 		var refused []int
+		unsent := false
 		for _, i := range idx {
 			if _, _, ok := redirect(rs[i].Err); ok {
 				rs[i] = c.follow(ctx, calls[i], rs[i]) // the slot moved: this call alone, redirected
+				// A redirect to a node that cannot be dialled (a killed master the redirecting
+				// node still names): routed afresh by resendUnsent, as any unsent call.
+				unsent = unsent || (calls[i].Node != "" && dialFailed(rs[i].Err))
 			}
 			if refusedBeforeRunning(rs[i].Err) {
 				refused = append(refused, i)
+			}
+		}
+		if len(refused) == 0 && unsent {
+			// Waited for as resendUnsent waits for a stuck call: the redirecting node and the
+			// slot map may name the dead node (or each other) until the failover.
+			if giveUp.IsZero() {
+				giveUp = time.Now().Add(rerouteFor)
+			}
+			if time.Now().Add(unsentWait).Before(giveUp) && sleepCtx(ctx, c, unsentWait) == nil {
+				unsentWait = min(2*unsentWait, rerouteFor/4)
+				attempt-- // not a retry of a refusal
+				continue
 			}
 		}
 		if len(refused) == 0 || attempt >= retries {
