@@ -257,6 +257,11 @@ func (c *Client) tryHold(ctx context.Context, s holdSpec, queue bool) (*hold, ti
 		if cerr := ctx.Err(); cerr != nil {
 			return nil, 0, notObtained(s.name, cerr, redisErr("lock", s.name, err))
 		}
+		if cerr := c.checkOpen(); cerr != nil {
+			// Close cut the call short (a runner's back-off after LOADING, say): a call still
+			// waiting then returns ErrClosed, as Close promises.
+			return nil, 0, fmt.Errorf("%w: %w", cerr, redisErr("lock", s.name, err))
+		}
 		return nil, 0, redisErr("lock", s.name, err)
 	}
 	if len(res) < 2 {

@@ -388,6 +388,9 @@ func (c *Client) takeTogether(ctx context.Context, specs []holdSpec, taken []*ho
 		if cerr := ctx.Err(); cerr != nil {
 			return idx[0], true, notObtained(s0.name, cerr, redisErr("lock", s0.name, err))
 		}
+		if cerr := c.checkOpen(); cerr != nil { // see tryHold
+			return idx[0], true, fmt.Errorf("%w: %w", cerr, redisErr("lock", s0.name, err))
+		}
 		return idx[0], true, redisErr("lock", s0.name, err)
 	}
 	switch {
