@@ -11,6 +11,7 @@ import (
 	"github.com/dlock-go/dlock/dlockrueidis"
 	"github.com/dlock-go/dlock/internal/redistest"
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/rueidis"
 )
 
 // TestLoadingIsWaitedOutAsGoRedisDoes: a server still loading its data answers LOADING, which
@@ -19,15 +20,7 @@ import (
 func TestLoadingIsWaitedOutAsGoRedisDoes(t *testing.T) {
 	ctx := context.Background()
 	srv, admin := loadingServer(t)
-	o := *admin.Options()
-	o.MaxRetries, o.MinRetryBackoff, o.MaxRetryBackoff = 100, 50*time.Millisecond, 100*time.Millisecond
-	rdb := redis.NewClient(&o)
-	t.Cleanup(func() { _ = rdb.Close() })
-	rc, err := dlockrueidis.ClientFor(rdb)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(rc.Close)
+	rdb, rc := retryingClients(t, admin, 50*time.Millisecond, 100*time.Millisecond)
 	cnt := &counting{r: dlockrueidis.RunnerFor(rdb, rc)}
 	c := newClient(t, dlock.New(rdb, dlock.WithScriptRunner(cnt)))
 
@@ -73,6 +66,23 @@ func loadingServer(t *testing.T) (*redistest.Server, *redis.Client) {
 	return srv, admin
 }
 
+// retryingClients returns a go-redis client of admin's server that retries refused calls 100
+// times with back-offs between minBackoff and maxBackoff (which a runner's resends follow), and
+// a rueidis client for it, both closed at cleanup.
+func retryingClients(t *testing.T, admin *redis.Client, minBackoff, maxBackoff time.Duration) (*redis.Client, rueidis.Client) {
+	t.Helper()
+	o := *admin.Options()
+	o.MaxRetries, o.MinRetryBackoff, o.MaxRetryBackoff = 100, minBackoff, maxBackoff
+	rdb := redis.NewClient(&o)
+	t.Cleanup(func() { _ = rdb.Close() })
+	rc, err := dlockrueidis.ClientFor(rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rc.Close)
+	return rdb, rc
+}
+
 // restartLoading restarts srv and returns while it still loads its data (PING says LOADING).
 func restartLoading(t *testing.T, srv *redistest.Server, admin *redis.Client) {
 	t.Helper()
@@ -112,15 +122,7 @@ func (l *loadingSeen) RunScripts(ctx context.Context, calls []dlock.ScriptCall) 
 // ErrClosed (a Mutex's and a MultiLock's; before, Close's was the LOADING refusal).
 func TestLoadingBackOffEndsWithTheContextOrClose(t *testing.T) {
 	srv, admin := loadingServer(t)
-	o := *admin.Options()
-	o.MaxRetries, o.MinRetryBackoff, o.MaxRetryBackoff = 100, 2*time.Second, 2*time.Second
-	rdb := redis.NewClient(&o)
-	t.Cleanup(func() { _ = rdb.Close() })
-	rc, err := dlockrueidis.ClientFor(rdb)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(rc.Close)
+	rdb, rc := retryingClients(t, admin, 2*time.Second, 2*time.Second)
 	byCtx := &loadingSeen{r: dlockrueidis.RunnerFor(rdb, rc), seen: make(chan struct{}, 1)}
 	byClose := &loadingSeen{r: dlockrueidis.RunnerFor(rdb, rc), seen: make(chan struct{}, 2)}
 	c1 := newClient(t, dlock.New(rdb, dlock.WithScriptRunner(byCtx)))
