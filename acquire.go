@@ -148,10 +148,8 @@ type holdSpec struct {
 	owner     string
 	reentrant bool // false for a cohort: its own hold found in Redis is stale and re-taken
 	noBarge   bool // a cohort's acquirer: never take a free lock ahead of waiting processes
-	// handOn: the hold's release grants the lock to its first waiter however briefly that
-	// has waited (no barging window; hold.handOn)
-	handOn bool
-	access access
+	handOn    bool // see hold.handOn
+	access    access
 	// failFast: a wait (waitHold) returns Redis's ErrUnavailable instead of waiting it out (a
 	// Redlock waits on one master while others may serve it)
 	failFast bool
@@ -225,7 +223,7 @@ func (c *Client) tryHold(ctx context.Context, s holdSpec, queue bool) (*hold, ti
 			// Taken but not acknowledged: give it back now, on the node that took it (a Cluster
 			// client's first routed call may first ask a frozen replica for command info).
 			rctx, cancel := context.WithTimeout(c.cleanup, abandonTimeout)
-			_, uerr := runReleaseOn(rctx, r.node, c, s.keys, s.owner, holdID, s.access, s.sem, releaseIfAcquired)
+			_, uerr := runReleaseOn(rctx, r.node, c, s.ref(holdID), releaseIfAcquired)
 			cancel()
 			err := c.notReplicated(ctx, s.name, k.lock, a, r)
 			if uerr != nil {
@@ -237,7 +235,7 @@ func (c *Client) tryHold(ctx context.Context, s holdSpec, queue bool) (*hold, ti
 			// Not taken, but this server cannot acknowledge as asked, so no wait could end
 			// well: leave the queue the attempt may have joined, and say why at once.
 			rctx, cancel := context.WithTimeout(c.cleanup, abandonTimeout)
-			_, _ = runReleaseOn(rctx, r.node, c, s.keys, s.owner, holdID, s.access, s.sem, releaseLeavingQueue, s.undo...)
+			_, _ = runReleaseOn(rctx, r.node, c, s.ref(holdID), releaseLeavingQueue, s.undo...)
 			cancel()
 			return nil, 0, c.notReplicated(ctx, s.name, k.lock, a, r)
 		}
@@ -310,7 +308,7 @@ func (c *Client) startHold(ctx context.Context, s holdSpec, holdID string, token
 		// The Client closed while the script ran: give the hold back now (Close waits for
 		// this call; a background clean-up might no longer be allowed to start).
 		rctx, cancel := context.WithTimeout(c.cleanup, abandonTimeout)
-		_, _ = runRelease(rctx, c, s.keys, s.owner, holdID, s.access, s.sem, releaseIfAcquired)
+		_, _ = runRelease(rctx, c, s.ref(holdID), releaseIfAcquired)
 		cancel()
 		h.end(err, false)
 		return nil, 0, fmt.Errorf("%w: lock %q", err, s.name)
@@ -604,7 +602,7 @@ func (c *Client) topologyMayHaveChanged(ctx context.Context) {
 func (c *Client) leaveQueueNow(s holdSpec) {
 	ctx, cancel := context.WithTimeout(c.cleanup, leaveTimeout)
 	defer cancel()
-	_, _ = runRelease(ctx, c, s.keys, s.owner, s.holdID, s.access, s.sem, releaseLeavingQueue, s.undo...)
+	_, _ = runRelease(ctx, c, s.ref(s.holdID), releaseLeavingQueue, s.undo...)
 }
 
 // abandon undoes, in the background, an acquire whose reply was lost, if Redis applied it.
@@ -616,6 +614,6 @@ func (c *Client) abandon(s holdSpec, holdID string) {
 		defer c.wg.Done()
 		ctx, cancel := context.WithTimeout(c.cleanup, abandonTimeout)
 		defer cancel()
-		_, _ = runRelease(ctx, c, s.keys, s.owner, holdID, s.access, s.sem, releaseIfAcquired)
+		_, _ = runRelease(ctx, c, s.ref(holdID), releaseIfAcquired)
 	}()
 }

@@ -35,9 +35,12 @@ type hold struct {
 	// othersWait: a read hold taken while someone waited in the lock's queue (a writer, since
 	// readers first in line are admitted together), so no more local readers may share it
 	othersWait bool
-	// handOn: its release grants the lock to the first waiter at once, however briefly that
-	// has waited, instead of freeing it for the waiter to compete for within the barging
-	// window (a MultiLock's member: see MultiLock)
+	// handOn: its releases, clean-ups included, grant the lock to the first waiter at once,
+	// however briefly that has waited, instead of freeing it within the barging window for
+	// the waiter to take with an attempt of its own if no caller outside the queue takes it
+	// first. A MultiLock's members: a waiting MultiLock holds nothing and needs the member
+	// handed to it, and freed members cost it a wake-up, an attempt and often the member
+	// (see MultiLock).
 	handOn bool
 	token  uint64 // first token of the block reserved by this hold
 	notif  *notifier
@@ -192,7 +195,7 @@ func (h *hold) beginRelease() bool {
 // release runs the release script: 3 handed to a waiter, 2 freed, 1 one hold dropped (or an
 // earlier attempt already applied), 0 not held.
 func (h *hold) release(ctx context.Context) (int, error) {
-	return runRelease(ctx, h.c, h.keys, h.owner, h.holdID, h.access, h.sem, h.releaseMode())
+	return runRelease(ctx, h.c, h.ref(), releaseNormal)
 }
 
 // releaseLater retries the release of h, whose release got no answer, in the background
@@ -237,41 +240,53 @@ const (
 	releaseNormal       releaseMode = iota
 	releaseIfAcquired               // clean-up after an acquire whose reply was lost
 	releaseLeavingQueue             // a waiter giving up, possibly granted meanwhile
-	releaseHandingOn                // releaseNormal with no barging window (hold.handOn)
 )
 
-// releaseMode is how the hold's own release runs: releaseHandingOn for a handOn hold.
-func (h *hold) releaseMode() releaseMode {
-	if h.handOn {
-		return releaseHandingOn
-	}
-	return releaseNormal
+// A holdRef is what the release script is told of a hold: its lock, owner and id, how it holds
+// the lock, and whether its release hands the lock on at once (hold.handOn).
+type holdRef struct {
+	keys   keys
+	owner  string
+	holdID string
+	access access
+	sem    semSpec
+	handOn bool
 }
 
-// runRelease runs the release script for owner's hold holdID in mode; undo, for a waiter
-// leaving the queue, names its wait's earlier hold ids whose holds go too (holdSpec.undo).
-func runRelease(ctx context.Context, c *Client, k keys, owner, holdID string, a access, sem semSpec, mode releaseMode, undo ...string) (int, error) {
-	keys, args := releaseCall(c, k, owner, holdID, a, sem, mode, undo)
+func (h *hold) ref() holdRef {
+	return holdRef{h.keys, h.owner, h.holdID, h.access, h.sem, h.handOn}
+}
+
+// ref is the hold holdID of s: one its call took, or may have taken.
+func (s holdSpec) ref(holdID string) holdRef {
+	return holdRef{s.keys, s.owner, holdID, s.access, s.sem, s.handOn}
+}
+
+// runRelease runs the release script for the hold h in mode; undo, for a waiter leaving the
+// queue, names its wait's earlier hold ids whose holds go too (holdSpec.undo).
+func runRelease(ctx context.Context, c *Client, h holdRef, mode releaseMode, undo ...string) (int, error) {
+	keys, args := releaseCall(c, h, mode, undo)
 	return c.runScript(ctx, scripts.Release, keys, args...).Int()
 }
 
 // runReleaseOn is runRelease sent through rdb: a node's own client where the Client's would
 // route it (a Cluster's) through calls of its own that may hang on another node.
-func runReleaseOn(ctx context.Context, rdb redis.Scripter, c *Client, k keys, owner, holdID string, a access, sem semSpec, mode releaseMode, undo ...string) (int, error) {
-	keys, args := releaseCall(c, k, owner, holdID, a, sem, mode, undo)
+func runReleaseOn(ctx context.Context, rdb redis.Scripter, c *Client, h holdRef, mode releaseMode, undo ...string) (int, error) {
+	keys, args := releaseCall(c, h, mode, undo)
 	return scripts.Release.Run(ctx, rdb, keys, args...).Int()
 }
 
 // releaseCall is the release script's keys and arguments (release.lua).
-func releaseCall(c *Client, k keys, owner, holdID string, a access, sem semSpec, mode releaseMode, undo []string) ([]string, []any) {
+func releaseCall(c *Client, h holdRef, mode releaseMode, undo []string) ([]string, []any) {
 	barge := bargeWindow
-	if mode == releaseHandingOn {
+	if h.handOn {
 		barge = 0
 	}
+	k := h.keys
 	return []string{k.lock, k.opLog, k.fence, k.queue, k.live},
-		[]any{owner, holdID, opLogTTL.Milliseconds(), k.channel, mode == releaseIfAcquired,
+		[]any{h.owner, h.holdID, opLogTTL.Milliseconds(), k.channel, mode == releaseIfAcquired,
 			grantGrace.Milliseconds(), c.publishCmd, mode == releaseLeavingQueue,
-			barge.Milliseconds(), string(a), strings.Join(undo, " "), sem.permits, sem.n}
+			barge.Milliseconds(), string(h.access), strings.Join(undo, " "), h.sem.permits, h.sem.n}
 }
 
 // access is how a hold holds its lock: a mutex's (""), a read-write lock's shared ("r")

@@ -73,7 +73,7 @@ func (c *Client) releaseBatch(ctx context.Context, hs []*hold) ([]int, []error) 
 	}
 	keys, args := make([][]string, len(hs)), make([][]any, len(hs))
 	for i, h := range hs {
-		keys[i], args[i] = releaseCall(c, h.keys, h.owner, h.holdID, h.access, h.sem, h.releaseMode(), nil)
+		keys[i], args[i] = releaseCall(c, h.ref(), releaseNormal, nil)
 	}
 	ns, errs := make([]int, len(hs)), make([]error, len(hs))
 	for i, cmd := range c.runBatch(ctx, scripts.Release, keys, args) {

@@ -55,10 +55,13 @@ var errSlowMember = errors.New("no answer while the MultiLock held members befor
 // order, so they never wait for each other in a cycle. (Code that nests plain Mutexes on the same names in another order can still deadlock
 // with it then, as with any ordered locking.)
 //
-// Its releases hand each member straight to the member's first waiter. (A Mutex's release
-// frees a lock whose first waiter has waited only a few milliseconds, for that waiter to take
-// with another attempt unless a caller outside the queue takes it first: that keeps a busy
-// process going on a lock it re-takes at once, which a MultiLock call never does.)
+// Its releases (those of a lease, and of members a pass gives back) hand each member straight
+// to the member's first waiter. A Mutex's release frees a lock whose first waiter has waited
+// only a few milliseconds, for that waiter to take with another attempt unless a caller
+// outside the queue takes it first (bounded barging, which keeps a busy process going on a
+// lock it re-takes at once); a waiting MultiLock, which holds nothing while it waits for a
+// member, paid for that with a wake-up, an attempt and often the member. A MultiLock's passes
+// may still take a free member ahead of a waiter of a few milliseconds, as a Mutex may.
 //
 // The lease is the same *Lease as a Mutex's, over all members: it is lost as soon as any member
 // is lost (the others are then released), Extend and Unlock act on every member, Remaining is
@@ -413,7 +416,7 @@ func (c *Client) takeTogether(ctx context.Context, specs []holdSpec, taken []*ho
 			rctx, cancel := context.WithTimeout(c.cleanup, abandonTimeout)
 			for k := j + 1; k < len(idx); k++ {
 				s := specs[idx[k]]
-				_, _ = runRelease(rctx, c, s.keys, s.owner, ids[k], s.access, s.sem, releaseIfAcquired)
+				_, _ = runRelease(rctx, c, s.ref(ids[k]), releaseIfAcquired)
 			}
 			cancel()
 			return i, true, err
