@@ -222,7 +222,7 @@ func (c *Client) tryHold(ctx context.Context, s holdSpec, queue bool) (*hold, ti
 		if err == nil && len(res) > 1 && res[0] == 1 && r.short(a) {
 			// Taken but not acknowledged: give it back now, on the node that took it (a Cluster
 			// client's first routed call may first ask a frozen replica for command info).
-			rctx, cancel := context.WithTimeout(c.cleanup, abandonTimeout)
+			rctx, cancel := c.ownCleanup()
 			_, uerr := runReleaseOn(rctx, r.node, c, s.ref(holdID), releaseIfAcquired)
 			cancel()
 			err := c.notReplicated(ctx, s.name, k.lock, a, r)
@@ -234,7 +234,7 @@ func (c *Client) tryHold(ctx context.Context, s holdSpec, queue bool) (*hold, ti
 		if err == nil && errors.Is(r.ack.err, ErrInvalid) {
 			// Not taken, but this server cannot acknowledge as asked, so no wait could end
 			// well: leave the queue the attempt may have joined, and say why at once.
-			rctx, cancel := context.WithTimeout(c.cleanup, abandonTimeout)
+			rctx, cancel := c.ownCleanup()
 			_, _ = runReleaseOn(rctx, r.node, c, s.ref(holdID), releaseLeavingQueue, s.undo...)
 			cancel()
 			return nil, 0, c.notReplicated(ctx, s.name, k.lock, a, r)
@@ -255,9 +255,9 @@ func (c *Client) tryHold(ctx context.Context, s holdSpec, queue bool) (*hold, ti
 		if cerr := ctx.Err(); cerr != nil {
 			return nil, 0, notObtained(s.name, cerr, redisErr("lock", s.name, err))
 		}
-		if cerr := c.checkOpen(); cerr != nil {
+		if cerr := c.checkOpen(); cerr != nil && classify(err) == replyUnavailable {
 			// Close cut the call short (a runner's back-off after LOADING, say): a call still
-			// waiting then returns ErrClosed, as Close promises.
+			// waiting then returns ErrClosed, as Close promises. (A definite answer stays one.)
 			return nil, 0, fmt.Errorf("%w: %w", cerr, redisErr("lock", s.name, err))
 		}
 		return nil, 0, redisErr("lock", s.name, err)
@@ -305,9 +305,9 @@ func (c *Client) startHold(ctx context.Context, s holdSpec, holdID string, token
 		return late(errLateReply)
 	}
 	if err := c.track(ctx, h, sent); err != nil {
-		// The Client closed while the script ran: give the hold back now (Close waits for
-		// this call; a background clean-up might no longer be allowed to start).
-		rctx, cancel := context.WithTimeout(c.cleanup, abandonTimeout)
+		// The Client closed while the script ran: give the hold back now, on this goroutine
+		// (a background clean-up may no longer start, and Close may have returned already).
+		rctx, cancel := c.ownCleanup()
 		_, _ = runRelease(rctx, c, s.ref(holdID), releaseIfAcquired)
 		cancel()
 		h.end(err, false)
@@ -605,10 +605,15 @@ func (c *Client) leaveQueueNow(s holdSpec) {
 	_, _ = runRelease(ctx, c, s.ref(s.holdID), releaseLeavingQueue, s.undo...)
 }
 
-// abandon undoes, in the background, an acquire whose reply was lost, if Redis applied it.
+// abandon undoes, in the background, an acquire whose reply was lost, if Redis applied it;
+// once Close has begun, at once on the caller's goroutine (ownCleanup), which Close may not
+// wait for.
 func (c *Client) abandon(s holdSpec, holdID string) {
 	if !c.goBackground() {
-		return // the Client is gone: the hold, if any, expires within its TTL
+		ctx, cancel := c.ownCleanup()
+		defer cancel()
+		_, _ = runRelease(ctx, c, s.ref(holdID), releaseIfAcquired)
+		return
 	}
 	go func() {
 		defer c.wg.Done()

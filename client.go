@@ -17,6 +17,20 @@ import (
 // abandonTimeout bounds the background clean-up of an acquire whose reply was lost.
 const abandonTimeout = 5 * time.Second
 
+// ownCleanup returns the context of a clean-up a call makes on its own goroutine before it
+// returns (giving back a hold it took but will not hand out, a Close having come meanwhile):
+// c.cleanup, which Close cuts short at its bound while it waits for background work, until
+// Close has cut it or returned; then a context of its own, as Close waits no more (and never
+// waits for a Lock or TryLock on the caller's goroutine): a hold taken after Close returned
+// would otherwise stay held for its whole TTL. Both end within abandonTimeout.
+func (c *Client) ownCleanup() (context.Context, context.CancelFunc) {
+	parent := c.cleanup
+	if parent.Err() != nil {
+		parent = context.Background()
+	}
+	return context.WithTimeout(parent, abandonTimeout)
+}
+
 // CloseTimeout bounds how long Client.Close spends giving leases back and letting background
 // clean-up finish when its ctx has no earlier deadline.
 const CloseTimeout = 2 * time.Second
@@ -120,10 +134,13 @@ func newClient(rdb redis.UniversalClient, opts []Option) *Client {
 	return c
 }
 
-// Close ends the Client: every Lock and TryLock still waiting returns ErrClosed at once; every
-// lease still held is released (best effort) and ends with ErrClosed; renewal stops and the
-// notification connections close. Leases it could not release expire within their TTL. Lock
-// and TryLock fail with ErrClosed afterwards. Close does not close rdb.
+// Close ends the Client: every Lock and TryLock still waiting returns ErrClosed at once (one
+// inside a go-redis call returns when that call does: go-redis's own retries, such as its
+// back-off while a server loads its data, are not cut short; a lock such a call takes is then
+// given back before it returns); every lease still held is released (best effort) and ends
+// with ErrClosed; renewal stops and the notification connections close. Leases it could not
+// release expire within their TTL. Lock and TryLock fail with ErrClosed afterwards. Close does
+// not close rdb.
 //
 // Close returns within CloseTimeout (or by ctx's deadline, if sooner), plus at most one
 // go-redis read timeout for calls already in flight when Redis is down. It returns the

@@ -391,7 +391,7 @@ func (c *Client) takeTogether(ctx context.Context, specs []holdSpec, taken []*ho
 		if cerr := ctx.Err(); cerr != nil {
 			return idx[0], true, notObtained(s0.name, cerr, redisErr("lock", s0.name, err))
 		}
-		if cerr := c.checkOpen(); cerr != nil { // see tryHold
+		if cerr := c.checkOpen(); cerr != nil && classify(err) == replyUnavailable { // see tryHold
 			return idx[0], true, fmt.Errorf("%w: %w", cerr, redisErr("lock", s0.name, err))
 		}
 		return idx[0], true, redisErr("lock", s0.name, err)
@@ -413,7 +413,7 @@ func (c *Client) takeTogether(ctx context.Context, specs []holdSpec, taken []*ho
 		if err != nil {
 			// The later members were taken in Redis but never started here: released now,
 			// not in the background, which Close may no longer allow.
-			rctx, cancel := context.WithTimeout(c.cleanup, abandonTimeout)
+			rctx, cancel := c.ownCleanup()
 			for k := j + 1; k < len(idx); k++ {
 				s := specs[idx[k]]
 				_, _ = runRelease(rctx, c, s.ref(ids[k]), releaseIfAcquired)

@@ -1,0 +1,79 @@
+package dlock_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/redistest"
+)
+
+// gatedRunner is a goRedisRunner whose calls wait for open to be closed; entered is closed
+// when the first call has come.
+type gatedRunner struct {
+	goRedisRunner
+	open, entered chan struct{}
+	once          sync.Once
+}
+
+func (r *gatedRunner) RunScripts(ctx context.Context, calls []dlock.ScriptCall) []dlock.ScriptResult {
+	r.once.Do(func() { close(r.entered) })
+	<-r.open
+	return r.goRedisRunner.RunScripts(ctx, calls)
+}
+
+// A lock call on the caller's goroutine is not background work: Close returns without waiting
+// for it. When its acquire reaches Redis after that and takes the lock, the call returns
+// ErrClosed and gives the lock back then and there. Found by review: the give-back ran on the
+// Client's clean-up context, which Close had ended, so it was never sent and the lock stayed
+// held for its whole TTL (30 s) by a Client that no longer existed.
+func TestLockTakenAfterCloseIsGivenBack(t *testing.T) {
+	for _, tc := range []struct {
+		kind  string
+		names int
+		lock  func(c *dlock.Client, names []string) (*dlock.Lease, error)
+	}{
+		{"Mutex", 1, func(c *dlock.Client, names []string) (*dlock.Lease, error) {
+			return c.Mutex(names[0]).TryLock(context.Background())
+		}},
+		{"MultiLock", 2, func(c *dlock.Client, names []string) (*dlock.Lease, error) {
+			return c.MultiLock(names).TryLock(context.Background())
+		}},
+	} {
+		t.Run(tc.kind, func(t *testing.T) {
+			rdb := redistest.Client(t)
+			r := &gatedRunner{goRedisRunner: goRedisRunner{rdb: rdb}, open: make(chan struct{}), entered: make(chan struct{})}
+			c := dlock.New(rdb, dlock.WithScriptRunner(r))
+			var names []string
+			for i := range tc.names {
+				names = append(names, redistest.Name(t)+string(rune('a'+i)))
+			}
+			type result struct {
+				l   *dlock.Lease
+				err error
+			}
+			got := make(chan result, 1)
+			go func() {
+				l, err := tc.lock(c, names)
+				got <- result{l, err}
+			}()
+			<-r.entered
+			if err := c.Close(ctxT(t)); err != nil {
+				t.Fatal(err)
+			}
+			close(r.open) // the acquire reaches Redis now, after Close returned
+			res := <-got
+			if res.l != nil || !errors.Is(res.err, dlock.ErrClosed) {
+				t.Fatalf("%s.TryLock whose acquire ran after Close: %v, %v; want ErrClosed", tc.kind, res.l, res.err)
+			}
+			for _, n := range names {
+				if h, err := rdb.HGetAll(ctxT(t), lockKey(n)).Result(); err != nil || len(h) != 0 {
+					t.Errorf("lock %s after the call returned ErrClosed: %v (PTTL %v), %v; want it given back",
+						n, h, rdb.PTTL(ctxT(t), lockKey(n)).Val(), err)
+				}
+			}
+		})
+	}
+}
