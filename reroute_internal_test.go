@@ -152,14 +152,17 @@ type movedError struct{ addr string }
 func (e movedError) Error() string { return "MOVED 1234 " + e.addr }
 func (movedError) RedisError()     {}
 
-// movedToDeadRunner runs calls on the node they name, but answers a call's first send with
-// MOVED to dead (a node that still names a killed master as the slot's owner), and every call
-// sent to dead with a refused dial.
+// movedToDeadRunner runs calls on the node they name, but answers the send number movedAt of a
+// call (counting from 0) with MOVED to dead (a node that still names a killed master as the
+// slot's owner) and the sends before it with TRYAGAIN, every call sent to dead with a refused
+// dial, and every call on the key refused with TRYAGAIN.
 type movedToDeadRunner struct {
 	dead    string
+	refused string
+	movedAt int
 	cc      *redis.ClusterClient // the runner's own routing, for a call naming no node
 	mu      sync.Mutex
-	bounced bool
+	sends   int
 	nodes   map[string]redis.Scripter
 	calls   atomic.Int32
 }
@@ -169,8 +172,11 @@ func (r *movedToDeadRunner) RunScripts(ctx context.Context, calls []ScriptCall) 
 	for i, c := range calls {
 		r.calls.Add(1)
 		r.mu.Lock()
-		bounce := !r.bounced
-		r.bounced = true
+		send := -1
+		if c.Keys[0] != r.refused && c.Node != r.dead {
+			send = r.sends
+			r.sends++
+		}
 		var rdb redis.Scripter = r.cc
 		if c.Node != "" {
 			rdb = r.nodes[c.Node]
@@ -181,7 +187,9 @@ func (r *movedToDeadRunner) RunScripts(ctx context.Context, calls []ScriptCall) 
 		}
 		r.mu.Unlock()
 		switch {
-		case bounce:
+		case c.Keys[0] == r.refused, send >= 0 && send < r.movedAt:
+			out[i] = ScriptResult{Err: tryAgain{}}
+		case send == r.movedAt:
 			out[i] = ScriptResult{Err: movedError{r.dead}}
 		case c.Node == r.dead:
 			addr, _ := net.ResolveTCPAddr("tcp", r.dead)
@@ -198,27 +206,50 @@ func (r *movedToDeadRunner) RunScripts(ctx context.Context, calls []ScriptCall) 
 	return out
 }
 
+// tryAgain is a TRYAGAIN error reply.
+type tryAgain struct{}
+
+func (tryAgain) Error() string { return "TRYAGAIN Multiple keys request during rehashing of slot" }
+func (tryAgain) RedisError()   {}
+
 // A MOVED reply that redirects a call to a node whose dial fails (the redirecting node still
 // names a killed master) leaves the call unsent: it is routed afresh and sent again, as a
-// call whose own dial failed is. Found by review: it was sent again only when another call of
-// the batch had been refused, and otherwise came back as the dial failure.
+// call whose own dial failed is: at once, and at the last retry of a batch whose other call
+// stays refused. Found by review: it was sent again only when another call of the batch was
+// still to be retried, and otherwise came back as the dial failure.
 func TestRedirectToADeadNodeIsSentAgain(t *testing.T) {
 	cl := redistest.StartClusterT(t, redistest.ClusterConfig{})
 	cc := cl.Client()
 	defer cc.Close()
 	ctx := context.Background()
-	r := &movedToDeadRunner{dead: "127.0.0.1:1", cc: cc, nodes: map[string]redis.Scripter{}}
-	defer func() {
-		for _, rdb := range r.nodes {
-			_ = rdb.(*redis.Client).Close()
-		}
-	}()
-	c := New(cc, WithScriptRunner(r))
-	defer c.Close(ctx)
-	start := time.Now()
-	cmd := c.runScript(ctx, scripts.Extend, []string{"zz:moved"}, "h", int64(1000))
-	t.Logf("took %v, err %v, runner calls %d", time.Since(start).Round(time.Millisecond), cmd.Err(), r.calls.Load())
-	if err := cmd.Err(); err != nil {
-		t.Fatalf("the redirected call: %v, want it sent again to the slot's master and answered", err)
+	retries, _, _ := New(cc).retryPolicy()
+	for _, tc := range []struct {
+		name    string
+		movedAt int
+		refused bool
+	}{{"alone", 0, false}, {"at the last retry, beside a refused call", retries, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := &movedToDeadRunner{dead: "127.0.0.1:1", refused: "zz:refused", movedAt: tc.movedAt, cc: cc, nodes: map[string]redis.Scripter{}}
+			defer func() {
+				for _, rdb := range r.nodes {
+					_ = rdb.(*redis.Client).Close()
+				}
+			}()
+			c := New(cc, WithScriptRunner(r))
+			defer c.Close(ctx)
+			keys, args := [][]string{{"zz:moved"}}, [][]any{{"h", int64(1000)}}
+			if tc.refused {
+				keys, args = append(keys, []string{r.refused}), append(args, []any{"h", int64(1000)})
+			}
+			start := time.Now()
+			cmds := c.runBatch(ctx, scripts.Extend, keys, args)
+			t.Logf("took %v, err %v, runner calls %d", time.Since(start).Round(time.Millisecond), cmds[0].Err(), r.calls.Load())
+			if err := cmds[0].Err(); err != nil {
+				t.Fatalf("the redirected call: %v, want it sent again to the slot's master and answered", err)
+			}
+			if tc.refused && !errors.Is(cmds[1].Err(), tryAgain{}) {
+				t.Errorf("the refused call: %v, want its TRYAGAIN", cmds[1].Err())
+			}
+		})
 	}
 }

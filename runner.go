@@ -207,9 +207,10 @@ func (c *Client) settle(ctx context.Context, calls []ScriptCall, rs []ScriptResu
 				refused = append(refused, i)
 			}
 		}
-		if len(refused) == 0 && unsent {
+		if unsent && (len(refused) == 0 || attempt >= retries) {
 			// Waited for as resendUnsent waits for a stuck call: the redirecting node and the
-			// slot map may name the dead node (or each other) until the failover.
+			// slot map may name the dead node (or each other) until the failover. Calls still
+			// refused after their last retry are not sent again: their refusal stands.
 			if giveUp.IsZero() {
 				giveUp = time.Now().Add(rerouteFor)
 			}
@@ -308,7 +309,7 @@ const (
 // failure: nothing was sent, see ScriptRunner), which on a Cluster is a killed master that a
 // slot map still names: go-redis's, whose reload waits for a node that has seen the promotion,
 // or the runner's own. Until *giveUp (set to rerouteFor from now if zero, when there is such a
-// call), or until ctx ends (leaving the dial failure), it
+// call), or until ctx ends or the Client closes (leaving the dial failure), it
 // has go-redis reload its map and sends each such call again:
 //   - where go-redis's map names another node for it now (a batch's calls together);
 //   - through go-redis's client of its node when the runner sent it elsewhere (the runner does
@@ -367,12 +368,8 @@ func (c *Client) resendUnsent(ctx context.Context, calls []ScriptCall, rs []Scri
 			if time.Now().Add(wait).After(*giveUp) {
 				return
 			}
-			t := time.NewTimer(wait)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return
-			case <-t.C:
+			if sleepCtx(ctx, c, wait) != nil {
+				return // the ctx ended, or the Client closed
 			}
 			wait = min(2*wait, rerouteFor/4)
 			slept = true
