@@ -222,7 +222,7 @@ func (c *Client) tryHold(ctx context.Context, s holdSpec, queue bool) (*hold, ti
 		if err == nil && len(res) > 1 && res[0] == 1 && r.short(a) {
 			// Taken but not acknowledged: give it back now, on the node that took it (a Cluster
 			// client's first routed call may first ask a frozen replica for command info).
-			rctx, cancel := c.ownCleanup()
+			rctx, cancel := c.ownCleanup(abandonTimeout)
 			_, uerr := runReleaseOn(rctx, r.node, c, s.ref(holdID), releaseIfAcquired)
 			cancel()
 			err := c.notReplicated(ctx, s.name, k.lock, a, r)
@@ -234,13 +234,13 @@ func (c *Client) tryHold(ctx context.Context, s holdSpec, queue bool) (*hold, ti
 		if err == nil && errors.Is(r.ack.err, ErrInvalid) {
 			// Not taken, but this server cannot acknowledge as asked, so no wait could end
 			// well: leave the queue the attempt may have joined, and say why at once.
-			rctx, cancel := c.ownCleanup()
+			rctx, cancel := c.ownCleanup(abandonTimeout)
 			_, _ = runReleaseOn(rctx, r.node, c, s.ref(holdID), releaseLeavingQueue, s.undo...)
 			cancel()
 			return nil, 0, c.notReplicated(ctx, s.name, k.lock, a, r)
 		}
 	} else {
-		res, err = c.runScript(ctx, scripts.Acquire, ks, args...).Int64Slice()
+		res, err = c.runScript(c.lockCall(ctx), scripts.Acquire, ks, args...).Int64Slice()
 	}
 	if err != nil {
 		if classify(err) == replyUnavailable {
@@ -250,12 +250,12 @@ func (c *Client) tryHold(ctx context.Context, s holdSpec, queue bool) (*hold, ti
 			// The script may have run with its reply lost: undo it in the background so the
 			// lock is not left held (it would otherwise expire only after its TTL). A wait's
 			// hold is not: its next attempt finds it, and leaving the queue releases it.
-			c.abandon(s, holdID)
+			c.abandon(s.ref(holdID))
 		}
 		if cerr := ctx.Err(); cerr != nil {
 			return nil, 0, notObtained(s.name, cerr, redisErr("lock", s.name, err))
 		}
-		if cerr := c.checkOpen(); cerr != nil && classify(err) == replyUnavailable {
+		if cerr := c.checkOpen(); cerr != nil && (classify(err) == replyUnavailable || refusedBeforeRunning(err)) {
 			// Close cut the call short (a runner's back-off after LOADING, say): a call still
 			// waiting then returns ErrClosed, as Close promises. (A definite answer stays one.)
 			return nil, 0, fmt.Errorf("%w: %w", cerr, redisErr("lock", s.name, err))
@@ -292,7 +292,7 @@ func (c *Client) startHold(ctx context.Context, s holdSpec, holdID string, token
 	// little later. Decided before the hold is tracked, so no deadline timer races with it.
 	late := func(why error) (*hold, time.Duration, error) {
 		if s.holdID == "" { // a wait's next attempt takes its hold again (see tryHold)
-			c.abandon(s, holdID)
+			c.abandon(s.ref(holdID))
 		}
 		return nil, lateRetry, notObtained(s.name, why)
 	}
@@ -307,7 +307,7 @@ func (c *Client) startHold(ctx context.Context, s holdSpec, holdID string, token
 	if err := c.track(ctx, h, sent); err != nil {
 		// The Client closed while the script ran: give the hold back now, on this goroutine
 		// (a background clean-up may no longer start, and Close may have returned already).
-		rctx, cancel := c.ownCleanup()
+		rctx, cancel := c.ownCleanup(abandonTimeout)
 		_, _ = runRelease(rctx, c, s.ref(holdID), releaseIfAcquired)
 		cancel()
 		h.end(err, false)
@@ -605,20 +605,32 @@ func (c *Client) leaveQueueNow(s holdSpec) {
 	_, _ = runRelease(ctx, c, s.ref(s.holdID), releaseLeavingQueue, s.undo...)
 }
 
-// abandon undoes, in the background, an acquire whose reply was lost, if Redis applied it;
-// once Close has begun, at once on the caller's goroutine (ownCleanup), which Close may not
-// wait for.
-func (c *Client) abandon(s holdSpec, holdID string) {
+// abandon undoes, in the background, acquires whose reply was lost (the holds hs, in one
+// round trip per node), if Redis applied them; once Close has drained the background work, on
+// the caller's goroutine (ownCleanup), for at most abandonAfterClose: a call that may have
+// taken a lock Close will not release must not leave it held for its TTL, nor keep its
+// caller long.
+func (c *Client) abandon(hs ...holdRef) {
+	undo := func(ctx context.Context) {
+		keys, args := make([][]string, len(hs)), make([][]any, len(hs))
+		for i, h := range hs {
+			keys[i], args[i] = releaseCall(c, h, releaseIfAcquired, nil)
+		}
+		c.runBatch(ctx, scripts.Release, keys, args)
+	}
 	if !c.goBackground() {
-		ctx, cancel := c.ownCleanup()
+		ctx, cancel := c.ownCleanup(abandonAfterClose)
 		defer cancel()
-		_, _ = runRelease(ctx, c, s.ref(holdID), releaseIfAcquired)
+		undo(ctx)
 		return
 	}
 	go func() {
 		defer c.wg.Done()
 		ctx, cancel := context.WithTimeout(c.cleanup, abandonTimeout)
 		defer cancel()
-		_, _ = runRelease(ctx, c, s.ref(holdID), releaseIfAcquired)
+		undo(ctx)
 	}()
 }
+
+// abandonAfterClose bounds abandon's undo on the caller's goroutine, once Close has begun.
+const abandonAfterClose = time.Second

@@ -17,18 +17,19 @@ import (
 // abandonTimeout bounds the background clean-up of an acquire whose reply was lost.
 const abandonTimeout = 5 * time.Second
 
-// ownCleanup returns the context of a clean-up a call makes on its own goroutine before it
-// returns (giving back a hold it took but will not hand out, a Close having come meanwhile):
-// c.cleanup, which Close cuts short at its bound while it waits for background work, until
-// Close has cut it or returned; then a context of its own, as Close waits no more (and never
-// waits for a Lock or TryLock on the caller's goroutine): a hold taken after Close returned
-// would otherwise stay held for its whole TTL. Both end within abandonTimeout.
-func (c *Client) ownCleanup() (context.Context, context.CancelFunc) {
+// ownCleanup returns the context of a clean-up a call makes before it returns (giving back a
+// hold it took but will not hand out, a Close having come meanwhile), bounded by d: c.cleanup,
+// which Close cuts short at its bound while it waits for background work, until Close has
+// waited for all of it; then a context of its own, as Close waits for nothing any more (and
+// never waited for a Lock or TryLock on the caller's goroutine): a hold taken after Close
+// returned would otherwise stay held for its whole TTL. (A goroutine Close waits for never
+// sees the second.)
+func (c *Client) ownCleanup(d time.Duration) (context.Context, context.CancelFunc) {
 	parent := c.cleanup
-	if parent.Err() != nil {
+	if c.waitedOut.Load() {
 		parent = context.Background()
 	}
-	return context.WithTimeout(parent, abandonTimeout)
+	return context.WithTimeout(parent, d)
 }
 
 // CloseTimeout bounds how long Client.Close spends giving leases back and letting background
@@ -63,6 +64,8 @@ type Client struct {
 	stopCleanup context.CancelFunc
 	wg          sync.WaitGroup
 	checkOnce   sync.Once
+	// waitedOut: Close has waited for its background work and waits for nothing more (ownCleanup)
+	waitedOut atomic.Bool
 
 	mu        sync.Mutex
 	closed    bool
@@ -189,6 +192,7 @@ func (c *Client) Close(ctx context.Context) error {
 	c.drained = true
 	c.mu.Unlock()
 	c.wg.Wait()
+	c.waitedOut.Store(true) // see ownCleanup
 	c.stopCleanup()
 	for _, n := range nots {
 		n.close()

@@ -370,11 +370,13 @@ func (c *Client) takeTogether(ctx context.Context, specs []holdSpec, taken []*ho
 	}
 	sent := c.now()
 	dropAll := func() {
+		refs := make([]holdRef, len(idx))
 		for j, i := range idx {
-			c.abandon(specs[i], ids[j])
+			refs[j] = specs[i].ref(ids[j])
 		}
+		c.abandon(refs...)
 	}
-	res, err := c.runScript(ctx, scripts.MultiAcquire, ks, args...).Int64Slice()
+	res, err := c.runScript(c.lockCall(ctx), scripts.MultiAcquire, ks, args...).Int64Slice()
 	if err != nil && strings.HasPrefix(err.Error(), "CROSSSLOT") {
 		// A proxy in front of a sharded deployment, behind a single endpoint: member by
 		// member from now on, as on a Cluster.
@@ -391,7 +393,7 @@ func (c *Client) takeTogether(ctx context.Context, specs []holdSpec, taken []*ho
 		if cerr := ctx.Err(); cerr != nil {
 			return idx[0], true, notObtained(s0.name, cerr, redisErr("lock", s0.name, err))
 		}
-		if cerr := c.checkOpen(); cerr != nil && classify(err) == replyUnavailable { // see tryHold
+		if cerr := c.checkOpen(); cerr != nil && (classify(err) == replyUnavailable || refusedBeforeRunning(err)) { // see tryHold
 			return idx[0], true, fmt.Errorf("%w: %w", cerr, redisErr("lock", s0.name, err))
 		}
 		return idx[0], true, redisErr("lock", s0.name, err)
@@ -413,7 +415,7 @@ func (c *Client) takeTogether(ctx context.Context, specs []holdSpec, taken []*ho
 		if err != nil {
 			// The later members were taken in Redis but never started here: released now,
 			// not in the background, which Close may no longer allow.
-			rctx, cancel := c.ownCleanup()
+			rctx, cancel := c.ownCleanup(abandonTimeout)
 			for k := j + 1; k < len(idx); k++ {
 				s := specs[idx[k]]
 				_, _ = runRelease(rctx, c, s.ref(ids[k]), releaseIfAcquired)

@@ -253,3 +253,54 @@ func TestRedirectToADeadNodeIsSentAgain(t *testing.T) {
 		})
 	}
 }
+
+// downForRunner refuses the dial of its first `down` calls (a killed master before the
+// failover), then runs calls for real through the cluster client's routing.
+type downForRunner struct {
+	cc    *redis.ClusterClient
+	down  atomic.Int32
+	calls atomic.Int32
+}
+
+func (r *downForRunner) RunScripts(ctx context.Context, calls []ScriptCall) []ScriptResult {
+	out := make([]ScriptResult, len(calls))
+	for i, c := range calls {
+		if r.calls.Add(1) <= r.down.Load() {
+			out[i] = ScriptResult{Err: &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}}
+			continue
+		}
+		args := make([]any, len(c.Args))
+		for j, a := range c.Args {
+			args[j] = a
+		}
+		v, err := r.cc.Eval(ctx, c.Source, c.Keys, args...).Result()
+		out[i] = ScriptResult{Val: v, Err: err}
+	}
+	return out
+}
+
+// Close's own releases run after the Client has closed, and are still sent again while their
+// node cannot be dialled (within Close's bound): a lock call's resends end on Close, theirs
+// must not. Found by review: when the runner's waits ended on Close, a lease whose master was
+// killed just before Close stayed held on the promoted replica for its TTL.
+func TestCloseReleaseWaitsOutADeadNode(t *testing.T) {
+	cl := redistest.StartClusterT(t, redistest.ClusterConfig{})
+	cc := cl.Client()
+	defer cc.Close()
+	ctx := context.Background()
+	c := New(cc, WithScriptRunner(&downForRunner{cc: cc}))
+	name := "zz:close" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	if _, err := c.Mutex(name).TryLock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := c.runner.(*downForRunner)
+	r.down.Store(r.calls.Load() + 3) // the release's first sends find the node dead
+	if err := c.Close(ctx); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	t.Logf("runner calls %d", r.calls.Load())
+	if n := cc.Exists(ctx, lockKeys(DefaultKeyPrefix, name).lock).Val(); n != 0 {
+		t.Errorf("the lease's lock after Close: still held (PTTL %v), want it released once its node answered",
+			cc.PTTL(ctx, lockKeys(DefaultKeyPrefix, name).lock).Val())
+	}
+}

@@ -214,7 +214,7 @@ func (c *Client) settle(ctx context.Context, calls []ScriptCall, rs []ScriptResu
 			if giveUp.IsZero() {
 				giveUp = time.Now().Add(rerouteFor)
 			}
-			if time.Now().Add(unsentWait).Before(giveUp) && sleepCtx(ctx, c, unsentWait) == nil {
+			if time.Now().Add(unsentWait).Before(giveUp) && c.resendWait(ctx, unsentWait) == nil {
 				unsentWait = min(2*unsentWait, rerouteFor/4)
 				attempt-- // not a retry of a refusal
 				continue
@@ -223,8 +223,8 @@ func (c *Client) settle(ctx context.Context, calls []ScriptCall, rs []ScriptResu
 		if len(refused) == 0 || attempt >= retries {
 			return
 		}
-		if sleepCtx(ctx, c, retryBackoff(attempt, minBackoff, maxBackoff)) != nil {
-			return // the refusal stands: the ctx ended, or the Client closed
+		if c.resendWait(ctx, retryBackoff(attempt, minBackoff, maxBackoff)) != nil {
+			return // the refusal stands: the ctx ended, or the Client closed (a lock call)
 		}
 		c.topologyMayHaveChanged(ctx) // a READONLY node is a demoted master
 		for _, i := range refused {
@@ -309,8 +309,8 @@ const (
 // failure: nothing was sent, see ScriptRunner), which on a Cluster is a killed master that a
 // slot map still names: go-redis's, whose reload waits for a node that has seen the promotion,
 // or the runner's own. Until *giveUp (set to rerouteFor from now if zero, when there is such a
-// call), or until ctx ends or the Client closes (leaving the dial failure), it
-// has go-redis reload its map and sends each such call again:
+// call), or until ctx ends (for a lock call, or the Client closes: resendWait), leaving the
+// dial failure, it has go-redis reload its map and sends each such call again:
 //   - where go-redis's map names another node for it now (a batch's calls together);
 //   - through go-redis's client of its node when the runner sent it elsewhere (the runner does
 //     not know the promoted replica yet);
@@ -368,14 +368,44 @@ func (c *Client) resendUnsent(ctx context.Context, calls []ScriptCall, rs []Scri
 			if time.Now().Add(wait).After(*giveUp) {
 				return
 			}
-			if sleepCtx(ctx, c, wait) != nil {
-				return // the ctx ended, or the Client closed
+			if c.resendWait(ctx, wait) != nil {
+				return // the ctx ended, or the Client closed (a lock call)
 			}
 			wait = min(2*wait, rerouteFor/4)
 			slept = true
 			continue
 		}
 		slept = false
+	}
+}
+
+// endsOnClose marks the ctx of a lock call (see lockCall).
+type endsOnClose struct{}
+
+// lockCall marks ctx as a lock call's, whose resends (settle, with a runner) end when the
+// Client closes, as Close promises its waiting callers. Other calls are resent while their ctx
+// allows: Close's own releases run after the Client has closed, and must still reach a slot's
+// new master.
+func (c *Client) lockCall(ctx context.Context) context.Context {
+	if c.runner == nil {
+		return ctx
+	}
+	return context.WithValue(ctx, endsOnClose{}, true)
+}
+
+// resendWait waits d before settle sends calls again: until ctx ends, and for a lock call
+// (lockCall) until the Client closes.
+func (c *Client) resendWait(ctx context.Context, d time.Duration) error {
+	if ctx.Value(endsOnClose{}) != nil {
+		return sleepCtx(ctx, c, d)
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
 	}
 }
 
