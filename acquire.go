@@ -246,7 +246,7 @@ func (c *Client) tryHold(ctx context.Context, s holdSpec, queue bool) (*hold, ti
 		if classify(err) == replyUnavailable {
 			c.topologyMayHaveChanged(ctx) // the next attempt, the caller's or ours, may go elsewhere
 		}
-		if !isRedisReply(err) && s.holdID == "" {
+		if !isRedisReply(err) && s.holdID == "" && !c.surelyUnsent(err) {
 			// The script may have run with its reply lost: undo it in the background so the
 			// lock is not left held (it would otherwise expire only after its TTL). A wait's
 			// hold is not: its next attempt finds it, and leaving the queue releases it.
@@ -606,10 +606,9 @@ func (c *Client) leaveQueueNow(s holdSpec) {
 }
 
 // abandon undoes, in the background, acquires whose reply was lost (the holds hs, in one
-// round trip per node), if Redis applied them; once Close has drained the background work, on
-// the caller's goroutine (ownCleanup), for at most abandonAfterClose: a call that may have
-// taken a lock Close will not release must not leave it held for its TTL, nor keep its
-// caller long.
+// round trip per node), if Redis applied them; once Close allows no more background work, on
+// the caller's goroutine (ownCleanup): a call that may have taken a lock Close will not
+// release must not leave it held for its TTL.
 func (c *Client) abandon(hs ...holdRef) {
 	undo := func(ctx context.Context) {
 		keys, args := make([][]string, len(hs)), make([][]any, len(hs))
@@ -619,18 +618,15 @@ func (c *Client) abandon(hs ...holdRef) {
 		c.runBatch(ctx, scripts.Release, keys, args)
 	}
 	if !c.goBackground() {
-		ctx, cancel := c.ownCleanup(abandonAfterClose)
+		ctx, cancel := c.ownCleanup(lateGiveBack)
 		defer cancel()
 		undo(ctx)
 		return
 	}
 	go func() {
 		defer c.wg.Done()
-		ctx, cancel := context.WithTimeout(c.cleanup, abandonTimeout)
+		ctx, cancel := c.ownCleanup(abandonTimeout) // Close may have cut its clean-up short
 		defer cancel()
 		undo(ctx)
 	}()
 }
-
-// abandonAfterClose bounds abandon's undo on the caller's goroutine, once Close has begun.
-const abandonAfterClose = time.Second

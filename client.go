@@ -18,19 +18,20 @@ import (
 const abandonTimeout = 5 * time.Second
 
 // ownCleanup returns the context of a clean-up a call makes before it returns (giving back a
-// hold it took but will not hand out, a Close having come meanwhile), bounded by d: c.cleanup,
-// which Close cuts short at its bound while it waits for background work, until Close has
-// waited for all of it; then a context of its own, as Close waits for nothing any more (and
-// never waited for a Lock or TryLock on the caller's goroutine): a hold taken after Close
-// returned would otherwise stay held for its whole TTL. (A goroutine Close waits for never
-// sees the second.)
+// hold it took but will not hand out, a Close having come meanwhile): c.cleanup bounded by d
+// while Close has not cut its clean-up short; after that, a context of its own bounded by
+// lateGiveBack. A Lock or TryLock on the caller's goroutine is work Close does not wait for,
+// and a hold it took after Close's bound would otherwise stay held for its whole TTL; a
+// goroutine Close waits for may so keep it lateGiveBack longer (see Close).
 func (c *Client) ownCleanup(d time.Duration) (context.Context, context.CancelFunc) {
-	parent := c.cleanup
-	if c.waitedOut.Load() {
-		parent = context.Background()
+	if c.cleanup.Err() != nil {
+		return context.WithTimeout(context.Background(), min(d, lateGiveBack))
 	}
-	return context.WithTimeout(parent, d)
+	return context.WithTimeout(c.cleanup, d)
 }
+
+// lateGiveBack bounds a give-back that ownCleanup lets run after Close's bound.
+const lateGiveBack = time.Second
 
 // CloseTimeout bounds how long Client.Close spends giving leases back and letting background
 // clean-up finish when its ctx has no earlier deadline.
@@ -64,8 +65,6 @@ type Client struct {
 	stopCleanup context.CancelFunc
 	wg          sync.WaitGroup
 	checkOnce   sync.Once
-	// waitedOut: Close has waited for its background work and waits for nothing more (ownCleanup)
-	waitedOut atomic.Bool
 
 	mu        sync.Mutex
 	closed    bool
@@ -146,8 +145,8 @@ func newClient(rdb redis.UniversalClient, opts []Option) *Client {
 // not close rdb.
 //
 // Close returns within CloseTimeout (or by ctx's deadline, if sooner), plus at most one
-// go-redis read timeout for calls already in flight when Redis is down. It returns the
-// release errors, if any.
+// go-redis read timeout for calls already in flight when Redis is down, and one second more
+// when such a call took a lock it must give back. It returns the release errors, if any.
 func (c *Client) Close(ctx context.Context) error {
 	c.mu.Lock()
 	if c.closed {
@@ -192,7 +191,6 @@ func (c *Client) Close(ctx context.Context) error {
 	c.drained = true
 	c.mu.Unlock()
 	c.wg.Wait()
-	c.waitedOut.Store(true) // see ownCleanup
 	c.stopCleanup()
 	for _, n := range nots {
 		n.close()

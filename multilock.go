@@ -387,7 +387,7 @@ func (c *Client) takeTogether(ctx context.Context, specs []holdSpec, taken []*ho
 		if classify(err) == replyUnavailable {
 			c.topologyMayHaveChanged(ctx)
 		}
-		if !isRedisReply(err) { // it may have run with its reply lost: undo it
+		if !isRedisReply(err) && !c.surelyUnsent(err) { // it may have run with its reply lost: undo it
 			dropAll()
 		}
 		if cerr := ctx.Err(); cerr != nil {
@@ -413,14 +413,15 @@ func (c *Client) takeTogether(ctx context.Context, specs []holdSpec, taken []*ho
 	for j, i := range idx {
 		h, _, err := c.startHold(ctx, specs[i], ids[j], uint64(res[j+1]), false, ttl, 0, sent)
 		if err != nil {
-			// The later members were taken in Redis but never started here: released now,
-			// not in the background, which Close may no longer allow.
-			rctx, cancel := c.ownCleanup(abandonTimeout)
+			// The later members were taken in Redis but never started here: given back
+			// together (abandon: at once if Close allows no more background work).
+			var later []holdRef
 			for k := j + 1; k < len(idx); k++ {
-				s := specs[idx[k]]
-				_, _ = runRelease(rctx, c, s.ref(ids[k]), releaseIfAcquired)
+				later = append(later, specs[idx[k]].ref(ids[k]))
 			}
-			cancel()
+			if len(later) > 0 {
+				c.abandon(later...)
+			}
 			return i, true, err
 		}
 		taken[i] = h

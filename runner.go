@@ -379,6 +379,13 @@ func (c *Client) resendUnsent(ctx context.Context, calls []ScriptCall, rs []Scri
 	}
 }
 
+// surelyUnsent reports whether a script call's err says the runner sent nothing: a dial
+// failure, by the ScriptRunner contract (go-redis's own calls may have been sent before a
+// retry's dial failed, so theirs say nothing).
+func (c *Client) surelyUnsent(err error) bool {
+	return c.runner != nil && dialFailed(err)
+}
+
 // endsOnClose marks the ctx of a lock call (see lockCall).
 type endsOnClose struct{}
 

@@ -1,0 +1,77 @@
+package dlock
+
+import (
+	"context"
+	"errors"
+	"io"
+	"sync"
+	"testing"
+
+	"github.com/dlock-go/dlock/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// heldRunner runs calls on rdb once open is closed (entered is closed when the first call
+// comes); with loseFirst, the first call's reply is lost (it ran).
+type heldRunner struct {
+	rdb           *redis.Client
+	open, entered chan struct{}
+	once          sync.Once
+	loseFirst     bool
+}
+
+func (r *heldRunner) RunScripts(ctx context.Context, calls []ScriptCall) []ScriptResult {
+	first := false
+	r.once.Do(func() { close(r.entered); first = true })
+	<-r.open
+	out := make([]ScriptResult, len(calls))
+	for i, c := range calls {
+		args := make([]any, len(c.Args))
+		for j, a := range c.Args {
+			args[j] = a
+		}
+		v, err := r.rdb.Eval(ctx, c.Source, c.Keys, args...).Result() // a cancelled ctx sends nothing
+		out[i] = ScriptResult{Val: v, Err: err}
+		if first && r.loseFirst {
+			out[i] = ScriptResult{Err: io.ErrUnexpectedEOF}
+		}
+	}
+	return out
+}
+
+// Close cuts its clean-up short at its bound, then still waits for its background work. A
+// lock call on the caller's goroutine, which Close does not wait for, whose acquire reaches
+// Redis in between gives the lock back all the same, whether its reply came or was lost.
+// Found by review: its give-back got the clean-up context Close had ended, so it was never
+// sent and the lock stayed held for its TTL.
+func TestGiveBackBetweenClosesBoundAndItsReturn(t *testing.T) {
+	for _, lose := range []bool{false, true} {
+		rdb := redistest.Client(t)
+		r := &heldRunner{rdb: rdb, open: make(chan struct{}), entered: make(chan struct{}), loseFirst: lose}
+		c := New(rdb, WithScriptRunner(r))
+		name := redistest.Name(t)
+		c.wg.Add(1) // background work Close waits for (an attempt still in flight, say)
+		got := make(chan error, 1)
+		go func() {
+			_, err := c.Mutex(name).TryLock(context.Background())
+			got <- err
+		}()
+		<-r.entered
+		closed := make(chan error, 1)
+		gone, cancel := context.WithCancel(context.Background())
+		cancel() // a shutdown whose ctx has already ended: Close's bound is over at once
+		go func() { closed <- c.Close(gone) }()
+		<-c.cleanup.Done() // Close cut its clean-up short, and waits for the background work
+		close(r.open)      // the acquire reaches Redis now
+		if err := <-got; !errors.Is(err, ErrClosed) {
+			t.Errorf("reply lost %v: TryLock whose acquire ran during Close: %v, want ErrClosed", lose, err)
+		}
+		key := lockKeys(DefaultKeyPrefix, name).lock
+		if h := rdb.HGetAll(context.Background(), key).Val(); len(h) != 0 {
+			t.Errorf("reply lost %v: the lock after TryLock returned: %v (PTTL %v), want it given back",
+				lose, h, rdb.PTTL(context.Background(), key).Val())
+		}
+		c.wg.Done()
+		<-closed
+	}
+}
