@@ -210,6 +210,7 @@ func (c *Client) tryHold(ctx context.Context, s holdSpec, queue bool) (*hold, ti
 		strings.Join(s.undo, " "), s.sem.n, s.sem.permits}
 	var res []int64
 	var err error
+	viaRunner := false // sent by the runner, whose dial failures were not sent (surelyUnsent)
 	if a := s.cfg.ack; a.on() {
 		var r ackedCall
 		if r, err = c.runAcked(ctx, a, scripts.Acquire, ks, args...); err != nil {
@@ -241,15 +242,16 @@ func (c *Client) tryHold(ctx context.Context, s holdSpec, queue bool) (*hold, ti
 		}
 	} else {
 		res, err = c.runScript(c.lockCall(ctx), scripts.Acquire, ks, args...).Int64Slice()
+		viaRunner = c.runner != nil
 	}
 	if err != nil {
 		if classify(err) == replyUnavailable {
 			c.topologyMayHaveChanged(ctx) // the next attempt, the caller's or ours, may go elsewhere
 		}
-		if !isRedisReply(err) && s.holdID == "" && !c.surelyUnsent(err) {
-			// The script may have run with its reply lost: undo it in the background so the
-			// lock is not left held (it would otherwise expire only after its TTL). A wait's
-			// hold is not: its next attempt finds it, and leaving the queue releases it.
+		if !isRedisReply(err) && s.holdID == "" && !(viaRunner && surelyUnsent(err)) {
+			// The script may have run with its reply lost: undo it (abandon) so the lock is
+			// not left held (it would otherwise expire only after its TTL). A wait's hold is
+			// not: its next attempt finds it, and leaving the queue releases it.
 			c.abandon(s.ref(holdID))
 		}
 		if cerr := ctx.Err(); cerr != nil {
@@ -600,7 +602,7 @@ func (c *Client) topologyMayHaveChanged(ctx context.Context) {
 // leaveQueueNow takes a waiter out of the lock's queue, passing on a grant made to it (of the
 // hold s.holdID the wait recorded, or one to confirm).
 func (c *Client) leaveQueueNow(s holdSpec) {
-	ctx, cancel := context.WithTimeout(c.cleanup, leaveTimeout)
+	ctx, cancel := c.ownCleanup(leaveTimeout) // it may drop a hold an attempt took
 	defer cancel()
 	_, _ = runRelease(ctx, c, s.ref(s.holdID), releaseLeavingQueue, s.undo...)
 }

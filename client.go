@@ -17,14 +17,15 @@ import (
 // abandonTimeout bounds the background clean-up of an acquire whose reply was lost.
 const abandonTimeout = 5 * time.Second
 
-// ownCleanup returns the context of a clean-up a call makes before it returns (giving back a
-// hold it took but will not hand out, a Close having come meanwhile): c.cleanup bounded by d
-// while Close has not cut its clean-up short; after that, a context of its own bounded by
-// lateGiveBack. A Lock or TryLock on the caller's goroutine is work Close does not wait for,
-// and a hold it took after Close's bound would otherwise stay held for its whole TTL; a
-// goroutine Close waits for may so keep it lateGiveBack longer (see Close).
+// ownCleanup returns the context of a clean-up that gives back what a call may have taken
+// (a hold it will not hand out, an acquire whose reply was lost): c.cleanup bounded by d while
+// the Client is open; once Close has begun, a context of its own bounded by lateGiveBack,
+// which Close's cut of its clean-up does not end. A Lock or TryLock on the caller's goroutine
+// is work Close does not wait for, and a hold it took would otherwise stay held for its whole
+// TTL; a goroutine Close waits for may so take up to lateGiveBack (with go-redis, one read
+// timeout) longer (see Close).
 func (c *Client) ownCleanup(d time.Duration) (context.Context, context.CancelFunc) {
-	if c.cleanup.Err() != nil {
+	if c.checkOpen() != nil {
 		return context.WithTimeout(context.Background(), min(d, lateGiveBack))
 	}
 	return context.WithTimeout(c.cleanup, d)
@@ -138,15 +139,16 @@ func newClient(rdb redis.UniversalClient, opts []Option) *Client {
 
 // Close ends the Client: every Lock and TryLock still waiting returns ErrClosed at once (one
 // inside a go-redis call returns when that call does: go-redis's own retries, such as its
-// back-off while a server loads its data, are not cut short; a lock such a call takes is then
-// given back before it returns); every lease still held is released (best effort) and ends
+// back-off while a server loads its data, are not cut short; a lock such a call takes is
+// given back, not left held); every lease still held is released (best effort) and ends
 // with ErrClosed; renewal stops and the notification connections close. Leases it could not
 // release expire within their TTL. Lock and TryLock fail with ErrClosed afterwards. Close does
 // not close rdb.
 //
 // Close returns within CloseTimeout (or by ctx's deadline, if sooner), plus at most one
-// go-redis read timeout for calls already in flight when Redis is down, and one second more
-// when such a call took a lock it must give back. It returns the release errors, if any.
+// go-redis read timeout for calls already in flight when Redis is down, and one more (a
+// second with a ScriptRunner) when such a call took a lock it must give back. It returns the
+// release errors, if any.
 func (c *Client) Close(ctx context.Context) error {
 	c.mu.Lock()
 	if c.closed {

@@ -387,7 +387,7 @@ func (c *Client) takeTogether(ctx context.Context, specs []holdSpec, taken []*ho
 		if classify(err) == replyUnavailable {
 			c.topologyMayHaveChanged(ctx)
 		}
-		if !isRedisReply(err) && !c.surelyUnsent(err) { // it may have run with its reply lost: undo it
+		if !isRedisReply(err) && !(c.runner != nil && surelyUnsent(err)) { // it may have run with its reply lost: undo it
 			dropAll()
 		}
 		if cerr := ctx.Err(); cerr != nil {
@@ -414,7 +414,7 @@ func (c *Client) takeTogether(ctx context.Context, specs []holdSpec, taken []*ho
 		h, _, err := c.startHold(ctx, specs[i], ids[j], uint64(res[j+1]), false, ttl, 0, sent)
 		if err != nil {
 			// The later members were taken in Redis but never started here: given back
-			// together (abandon: at once if Close allows no more background work).
+			// together (abandon), member i having been given back by startHold.
 			var later []holdRef
 			for k := j + 1; k < len(idx); k++ {
 				later = append(later, specs[idx[k]].ref(ids[k]))

@@ -379,11 +379,13 @@ func (c *Client) resendUnsent(ctx context.Context, calls []ScriptCall, rs []Scri
 	}
 }
 
-// surelyUnsent reports whether a script call's err says the runner sent nothing: a dial
-// failure, by the ScriptRunner contract (go-redis's own calls may have been sent before a
-// retry's dial failed, so theirs say nothing).
-func (c *Client) surelyUnsent(err error) bool {
-	return c.runner != nil && dialFailed(err)
+// surelyUnsent reports whether err, from a call the runner ran, says nothing was sent: a dial
+// failure, by the ScriptRunner contract. Only for the runner's calls: go-redis's own may have
+// been sent before a retry's dial failed (a Client's MaxRetries), so theirs say nothing. (A
+// runner's call resent through go-redis, resendUnsent, is sent once: a Cluster's node clients
+// do not retry unless ClusterOptions.MaxRetries is set.)
+func surelyUnsent(err error) bool {
+	return dialFailed(err)
 }
 
 // endsOnClose marks the ctx of a lock call (see lockCall).
