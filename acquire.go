@@ -602,7 +602,7 @@ func (c *Client) topologyMayHaveChanged(ctx context.Context) {
 // leaveQueueNow takes a waiter out of the lock's queue, passing on a grant made to it (of the
 // hold s.holdID the wait recorded, or one to confirm).
 func (c *Client) leaveQueueNow(s holdSpec) {
-	ctx, cancel := c.ownCleanup(leaveTimeout) // it may drop a hold an attempt took
+	ctx, cancel := context.WithTimeout(c.cleanup, leaveTimeout)
 	defer cancel()
 	_, _ = runRelease(ctx, c, s.ref(s.holdID), releaseLeavingQueue, s.undo...)
 }

@@ -18,20 +18,28 @@ import (
 const abandonTimeout = 5 * time.Second
 
 // ownCleanup returns the context of a clean-up that gives back what a call may have taken
-// (a hold it will not hand out, an acquire whose reply was lost): c.cleanup bounded by d while
-// the Client is open; once Close has begun, a context of its own bounded by lateGiveBack,
-// which Close's cut of its clean-up does not end. A Lock or TryLock on the caller's goroutine
-// is work Close does not wait for, and a hold it took would otherwise stay held for its whole
-// TTL; a goroutine Close waits for may so take up to lateGiveBack (with go-redis, one read
-// timeout) longer (see Close).
+// (a hold it will not hand out, an acquire whose reply was lost), bounded by d: c.cleanup
+// while the Client is open. Once Close has begun, a context of its own, which Close's cut of
+// its clean-up does not end (a Lock or TryLock on the caller's goroutine is work Close does
+// not wait for, and a hold it took would otherwise stay held for its whole TTL), ending at
+// the latest lateGiveBack after Close's bound, so that the goroutines Close waits for end by
+// then however many give-backs they make (with go-redis, plus a read timeout: it honours a
+// deadline only with ContextTimeoutEnabled); once Close has returned, lateGiveBack from now.
 func (c *Client) ownCleanup(d time.Duration) (context.Context, context.CancelFunc) {
-	if c.checkOpen() != nil {
+	switch {
+	case c.checkOpen() == nil:
+		return context.WithTimeout(c.cleanup, d)
+	case c.closeDone.Load():
 		return context.WithTimeout(context.Background(), min(d, lateGiveBack))
 	}
-	return context.WithTimeout(c.cleanup, d)
+	by := time.Unix(0, c.closeBy.Load()).Add(lateGiveBack)
+	if end := time.Now().Add(d); end.Before(by) {
+		by = end
+	}
+	return context.WithDeadline(context.Background(), by)
 }
 
-// lateGiveBack bounds a give-back that ownCleanup lets run after Close's bound.
+// lateGiveBack is how long after Close's bound a give-back may still run (ownCleanup).
 const lateGiveBack = time.Second
 
 // CloseTimeout bounds how long Client.Close spends giving leases back and letting background
@@ -66,6 +74,8 @@ type Client struct {
 	stopCleanup context.CancelFunc
 	wg          sync.WaitGroup
 	checkOnce   sync.Once
+	closeBy     atomic.Int64 // Close's bound, in Unix ns (set before Close closes bg)
+	closeDone   atomic.Bool  // Close has waited for all its background work
 
 	mu        sync.Mutex
 	closed    bool
@@ -146,9 +156,9 @@ func newClient(rdb redis.UniversalClient, opts []Option) *Client {
 // not close rdb.
 //
 // Close returns within CloseTimeout (or by ctx's deadline, if sooner), plus at most one
-// go-redis read timeout for calls already in flight when Redis is down, and one more (a
-// second with a ScriptRunner) when such a call took a lock it must give back. It returns the
-// release errors, if any.
+// go-redis read timeout for calls already in flight when Redis is down, and when such a call
+// took a lock it must give back, one second more (with go-redis, up to one more read
+// timeout). It returns the release errors, if any.
 func (c *Client) Close(ctx context.Context) error {
 	c.mu.Lock()
 	if c.closed {
@@ -156,6 +166,11 @@ func (c *Client) Close(ctx context.Context) error {
 		return nil
 	}
 	c.closed = true
+	by := time.Now().Add(CloseTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(by) {
+		by = d
+	}
+	c.closeBy.Store(by.UnixNano()) // before bg ends: whoever sees Close begun sees its bound
 	c.stop()
 	held := make([]*hold, 0, len(c.holds))
 	for h := range c.holds {
@@ -193,6 +208,7 @@ func (c *Client) Close(ctx context.Context) error {
 	c.drained = true
 	c.mu.Unlock()
 	c.wg.Wait()
+	c.closeDone.Store(true) // see ownCleanup
 	c.stopCleanup()
 	for _, n := range nots {
 		n.close()
