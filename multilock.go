@@ -441,12 +441,18 @@ func allValid(hs []*hold) bool {
 
 // sleepCtx waits d, or until ctx ends or the Client closes (its error then).
 func sleepCtx(ctx context.Context, c *Client, d time.Duration) error {
+	return sleepUntil(ctx, c.bg.Done(), d)
+}
+
+// sleepUntil waits d, or until ctx ends (its error) or closed is closed (ErrClosed; a nil
+// closed never is).
+func sleepUntil(ctx context.Context, closed <-chan struct{}, d time.Duration) error {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
 		return ctx.Err()
-	case <-c.bg.Done():
+	case <-closed:
 		return ErrClosed
 	case <-t.C:
 		return nil

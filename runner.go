@@ -405,17 +405,11 @@ func (c *Client) lockCall(ctx context.Context) context.Context {
 // resendWait waits d before settle sends calls again: until ctx ends, and for a lock call
 // (lockCall) until the Client closes.
 func (c *Client) resendWait(ctx context.Context, d time.Duration) error {
+	var closed <-chan struct{} // nil: never
 	if ctx.Value(endsOnClose{}) != nil {
-		return sleepCtx(ctx, c, d)
+		closed = c.bg.Done()
 	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
+	return sleepUntil(ctx, closed, d)
 }
 
 // runAt runs the calls at idx through the runner, together, into rs; unrouted, they go where
