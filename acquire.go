@@ -223,7 +223,7 @@ func (c *Client) tryHold(ctx context.Context, s holdSpec, queue bool) (*hold, ti
 		if err == nil && len(res) > 1 && res[0] == 1 && r.short(a) {
 			// Taken but not acknowledged: give it back now, on the node that took it (a Cluster
 			// client's first routed call may first ask a frozen replica for command info).
-			rctx, cancel := c.ownCleanup(abandonTimeout)
+			rctx, cancel := c.ownCleanup(ctx, abandonTimeout)
 			_, uerr := runReleaseOn(rctx, r.node, c, s.ref(holdID), releaseIfAcquired)
 			cancel()
 			err := c.notReplicated(ctx, s.name, k.lock, a, r)
@@ -235,7 +235,7 @@ func (c *Client) tryHold(ctx context.Context, s holdSpec, queue bool) (*hold, ti
 		if err == nil && errors.Is(r.ack.err, ErrInvalid) {
 			// Not taken, but this server cannot acknowledge as asked, so no wait could end
 			// well: leave the queue the attempt may have joined, and say why at once.
-			rctx, cancel := c.ownCleanup(abandonTimeout)
+			rctx, cancel := c.ownCleanup(ctx, abandonTimeout)
 			_, _ = runReleaseOn(rctx, r.node, c, s.ref(holdID), releaseLeavingQueue, s.undo...)
 			cancel()
 			return nil, 0, c.notReplicated(ctx, s.name, k.lock, a, r)
@@ -252,7 +252,7 @@ func (c *Client) tryHold(ctx context.Context, s holdSpec, queue bool) (*hold, ti
 			// The script may have run with its reply lost: undo it (abandon) so the lock is
 			// not left held (it would otherwise expire only after its TTL). A wait's hold is
 			// not: its next attempt finds it, and leaving the queue releases it.
-			c.abandon(s.ref(holdID))
+			c.abandon(ctx, s.ref(holdID))
 		}
 		if cerr := ctx.Err(); cerr != nil {
 			return nil, 0, notObtained(s.name, cerr, redisErr("lock", s.name, err))
@@ -294,7 +294,7 @@ func (c *Client) startHold(ctx context.Context, s holdSpec, holdID string, token
 	// little later. Decided before the hold is tracked, so no deadline timer races with it.
 	late := func(why error) (*hold, time.Duration, error) {
 		if s.holdID == "" { // a wait's next attempt takes its hold again (see tryHold)
-			c.abandon(s.ref(holdID))
+			c.abandon(ctx, s.ref(holdID))
 		}
 		return nil, lateRetry, notObtained(s.name, why)
 	}
@@ -309,7 +309,7 @@ func (c *Client) startHold(ctx context.Context, s holdSpec, holdID string, token
 	if err := c.track(ctx, h, sent); err != nil {
 		// The Client closed while the script ran: give the hold back now, on this goroutine
 		// (a background clean-up may no longer start, and Close may have returned already).
-		rctx, cancel := c.ownCleanup(abandonTimeout)
+		rctx, cancel := c.ownCleanup(ctx, abandonTimeout)
 		_, _ = runRelease(rctx, c, s.ref(holdID), releaseIfAcquired)
 		cancel()
 		h.end(err, false)
@@ -360,6 +360,7 @@ func (c *Client) waitHold(ctx context.Context, s holdSpec, contended bool) (*hol
 	if !c.goBackground() {
 		return nil, fmt.Errorf("%w: lock %q", ErrClosed, s.name)
 	}
+	ctx = closeWaits(ctx)
 	slot := true
 	defer func() {
 		if slot {
@@ -609,9 +610,9 @@ func (c *Client) leaveQueueNow(s holdSpec) {
 
 // abandon undoes, in the background, acquires whose reply was lost (the holds hs, in one
 // round trip per node), if Redis applied them; once Close allows no more background work, on
-// the caller's goroutine (ownCleanup): a call that may have taken a lock Close will not
-// release must not leave it held for its TTL.
-func (c *Client) abandon(hs ...holdRef) {
+// the goroutine of the call on ctx (ownCleanup): a call that may have taken a lock Close will
+// not release must not leave it held for its TTL.
+func (c *Client) abandon(ctx context.Context, hs ...holdRef) {
 	undo := func(ctx context.Context) {
 		keys, args := make([][]string, len(hs)), make([][]any, len(hs))
 		for i, h := range hs {
@@ -620,14 +621,15 @@ func (c *Client) abandon(hs ...holdRef) {
 		c.runBatch(ctx, scripts.Release, keys, args)
 	}
 	if !c.goBackground() {
-		ctx, cancel := c.ownCleanup(lateGiveBack)
+		ctx, cancel := c.ownCleanup(ctx, lateGiveBack)
 		defer cancel()
 		undo(ctx)
 		return
 	}
 	go func() {
 		defer c.wg.Done()
-		ctx, cancel := c.ownCleanup(abandonTimeout) // Close may have cut its clean-up short
+		// Close may have cut its clean-up short; it waits for this goroutine.
+		ctx, cancel := c.ownCleanup(closeWaits(context.Background()), abandonTimeout)
 		defer cancel()
 		undo(ctx)
 	}()

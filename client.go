@@ -17,26 +17,36 @@ import (
 // abandonTimeout bounds the background clean-up of an acquire whose reply was lost.
 const abandonTimeout = 5 * time.Second
 
-// ownCleanup returns the context of a clean-up that gives back what a call may have taken
-// (a hold it will not hand out, an acquire whose reply was lost), bounded by d: c.cleanup
-// while the Client is open. Once Close has begun, a context of its own, which Close's cut of
-// its clean-up does not end (a Lock or TryLock on the caller's goroutine is work Close does
-// not wait for, and a hold it took would otherwise stay held for its whole TTL), ending at
-// the latest lateGiveBack after Close's bound, so that the goroutines Close waits for end by
-// then however many give-backs they make (with go-redis, plus a read timeout: it honours a
-// deadline only with ContextTimeoutEnabled); once Close has returned, lateGiveBack from now.
-func (c *Client) ownCleanup(d time.Duration) (context.Context, context.CancelFunc) {
-	switch {
-	case c.checkOpen() == nil:
+// ownCleanup returns the context of a clean-up that gives back what a call on ctx may have
+// taken (a hold it will not hand out, an acquire whose reply was lost), bounded by d:
+// c.cleanup while the Client is open. Once Close has begun, a context of its own, which
+// Close's cut of its clean-up does not end (a hold it took would otherwise stay held for its
+// whole TTL): on work Close waits for (closeWaits), ending at the latest lateGiveBack after
+// Close's bound, so that Close returns by then however many give-backs that work makes (with
+// go-redis, plus a read timeout: it honours a deadline only with ContextTimeoutEnabled);
+// elsewhere (a Lock or TryLock on the caller's goroutine, which Close does not wait for)
+// lateGiveBack at most from now, however late it comes.
+func (c *Client) ownCleanup(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	if c.checkOpen() == nil {
 		return context.WithTimeout(c.cleanup, d)
-	case c.closeDone.Load():
-		return context.WithTimeout(context.Background(), min(d, lateGiveBack))
 	}
-	by := time.Unix(0, c.closeBy.Load()).Add(lateGiveBack)
-	if end := time.Now().Add(d); end.Before(by) {
-		by = end
+	end := time.Now().Add(min(d, lateGiveBack))
+	if ctx.Value(closeWaitsFor{}) != nil {
+		if by := c.closeBy.Load().Add(lateGiveBack); by.Before(end) {
+			end = by
+		}
 	}
-	return context.WithDeadline(context.Background(), by)
+	return context.WithDeadline(context.Background(), end)
+}
+
+// closeWaitsFor marks the context of work Close waits for (closeWaits).
+type closeWaitsFor struct{}
+
+// closeWaits marks ctx as the context of work that holds a slot of the Client's background
+// work (goBackground), which Close waits for: its give-backs after Close has begun end by
+// Close's bound plus lateGiveBack (ownCleanup).
+func closeWaits(ctx context.Context) context.Context {
+	return context.WithValue(ctx, closeWaitsFor{}, true)
 }
 
 // lateGiveBack is how long after Close's bound a give-back may still run (ownCleanup).
@@ -74,8 +84,7 @@ type Client struct {
 	stopCleanup context.CancelFunc
 	wg          sync.WaitGroup
 	checkOnce   sync.Once
-	closeBy     atomic.Int64 // Close's bound, in Unix ns (set before Close closes bg)
-	closeDone   atomic.Bool  // Close has waited for all its background work
+	closeBy     atomic.Pointer[time.Time] // Close's bound (set before Close closes bg)
 
 	mu        sync.Mutex
 	closed    bool
@@ -170,7 +179,10 @@ func (c *Client) Close(ctx context.Context) error {
 	if d, ok := ctx.Deadline(); ok && d.Before(by) {
 		by = d
 	}
-	c.closeBy.Store(by.UnixNano()) // before bg ends: whoever sees Close begun sees its bound
+	if ctx.Err() != nil {
+		by = time.Now() // ended already: Close gives up on its clean-up at once
+	}
+	c.closeBy.Store(&by) // before bg ends: whoever sees Close begun sees its bound
 	c.stop()
 	held := make([]*hold, 0, len(c.holds))
 	for h := range c.holds {
@@ -208,7 +220,6 @@ func (c *Client) Close(ctx context.Context) error {
 	c.drained = true
 	c.mu.Unlock()
 	c.wg.Wait()
-	c.closeDone.Store(true) // see ownCleanup
 	c.stopCleanup()
 	for _, n := range nots {
 		n.close()

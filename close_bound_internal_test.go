@@ -6,6 +6,7 @@ import (
 	"io"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/dlock-go/dlock/internal/redistest"
 	"github.com/redis/go-redis/v9"
@@ -41,37 +42,78 @@ func (r *heldRunner) RunScripts(ctx context.Context, calls []ScriptCall) []Scrip
 
 // Close cuts its clean-up short at its bound, then still waits for its background work. A
 // lock call on the caller's goroutine, which Close does not wait for, whose acquire reaches
-// Redis in between gives the lock back all the same, whether its reply came or was lost.
-// Found by review: its give-back got the clean-up context Close had ended, so it was never
-// sent and the lock stayed held for its TTL.
+// Redis in between gives the lock back all the same, whether its reply came or was lost, and
+// however long ago Close's bound passed. Found by review: its give-back got the clean-up
+// context Close had ended, so it was never sent and the lock stayed held for its TTL; then
+// (stale) a deadline of one second after Close's bound, over before it began.
 func TestGiveBackBetweenClosesBoundAndItsReturn(t *testing.T) {
-	for _, lose := range []bool{false, true} {
-		rdb := redistest.Client(t)
-		r := &heldRunner{rdb: rdb, open: make(chan struct{}), entered: make(chan struct{}), loseFirst: lose}
-		c := New(rdb, WithScriptRunner(r))
-		name := redistest.Name(t)
-		c.wg.Add(1) // background work Close waits for (an attempt still in flight, say)
-		got := make(chan error, 1)
-		go func() {
-			_, err := c.Mutex(name).TryLock(context.Background())
-			got <- err
-		}()
-		<-r.entered
-		closed := make(chan error, 1)
-		gone, cancel := context.WithCancel(context.Background())
-		cancel() // a shutdown whose ctx has already ended: Close's bound is over at once
-		go func() { closed <- c.Close(gone) }()
-		<-c.cleanup.Done() // Close cut its clean-up short, and waits for the background work
-		close(r.open)      // the acquire reaches Redis now
-		if err := <-got; !errors.Is(err, ErrClosed) {
-			t.Errorf("reply lost %v: TryLock whose acquire ran during Close: %v, want ErrClosed", lose, err)
-		}
-		c.wg.Done()
-		<-closed // the give-back may have gone to the background, which Close waits for
-		key := lockKeys(DefaultKeyPrefix, name).lock
-		if h := rdb.HGetAll(context.Background(), key).Val(); len(h) != 0 {
-			t.Errorf("reply lost %v: the lock after TryLock and Close returned: %v (PTTL %v), want it given back",
-				lose, h, rdb.PTTL(context.Background(), key).Val())
+	for _, stale := range []bool{false, true} {
+		for _, lose := range []bool{false, true} {
+			rdb := redistest.Client(t)
+			r := &heldRunner{rdb: rdb, open: make(chan struct{}), entered: make(chan struct{}), loseFirst: lose}
+			c := New(rdb, WithScriptRunner(r))
+			name := redistest.Name(t)
+			c.wg.Add(1) // background work Close waits for (an attempt still in flight, say)
+			got := make(chan error, 1)
+			go func() {
+				_, err := c.Mutex(name).TryLock(context.Background())
+				got <- err
+			}()
+			<-r.entered
+			closed := make(chan error, 1)
+			gone, cancel := context.WithCancel(context.Background())
+			cancel() // a shutdown whose ctx has already ended: Close's bound is over at once
+			go func() { closed <- c.Close(gone) }()
+			<-c.cleanup.Done() // Close cut its clean-up short, and waits for the background work
+			if stale {
+				// Close has waited past its bound for longer than a give-back is given.
+				long := time.Now().Add(-10 * lateGiveBack)
+				c.closeBy.Store(&long)
+			}
+			close(r.open) // the acquire reaches Redis now
+			if err := <-got; !errors.Is(err, ErrClosed) {
+				t.Errorf("stale %v, reply lost %v: TryLock whose acquire ran during Close: %v, want ErrClosed", stale, lose, err)
+			}
+			c.wg.Done()
+			<-closed // the give-back may have gone to the background, which Close waits for
+			key := lockKeys(DefaultKeyPrefix, name).lock
+			if h := rdb.HGetAll(context.Background(), key).Val(); len(h) != 0 {
+				t.Errorf("stale %v, reply lost %v: the lock after TryLock and Close returned: %v (PTTL %v), want it given back",
+					stale, lose, h, rdb.PTTL(context.Background(), key).Val())
+			}
 		}
 	}
 }
+
+// A give-back after Close has begun on work Close waits for ends by Close's bound plus
+// lateGiveBack, so Close's documented bound holds; elsewhere it gets lateGiveBack from its
+// start, and Close's bound does not shorten it.
+func TestGiveBackDeadlineAfterClose(t *testing.T) {
+	c := New(redistest.Client(t))
+	if err := c.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	long := time.Now().Add(-10 * lateGiveBack)
+	c.closeBy.Store(&long) // Close's bound passed long ago
+	waited, cancel := c.ownCleanup(closeWaits(context.Background()), abandonTimeout)
+	defer cancel()
+	if waited.Err() == nil {
+		d, _ := waited.Deadline()
+		t.Errorf("a give-back Close waits for, 10 s after Close's bound: deadline %v from now, want over", time.Until(d))
+	}
+	soon := time.Now().Add(-lateGiveBack / 2)
+	c.closeBy.Store(&soon)
+	waited, cancel = c.ownCleanup(closeWaits(context.Background()), abandonTimeout)
+	defer cancel()
+	if d, _ := waited.Deadline(); !d.Equal(soon.Add(lateGiveBack)) || waited.Err() != nil {
+		t.Errorf("a give-back Close waits for, half a second after Close's bound: deadline %v after the bound (err %v), want %v", d.Sub(soon), waited.Err(), lateGiveBack)
+	}
+	c.closeBy.Store(&long)
+	start := time.Now()
+	own, cancel := c.ownCleanup(context.Background(), abandonTimeout)
+	defer cancel()
+	if d, _ := own.Deadline(); own.Err() != nil || d.Before(start.Add(lateGiveBack)) || d.After(time.Now().Add(lateGiveBack)) {
+		t.Errorf("a give-back on a caller's goroutine after Close: deadline %v from its start (err %v), want %v", d.Sub(start), own.Err(), lateGiveBack)
+	}
+}
+

@@ -365,7 +365,7 @@ func (co *cohort) kickLocked() {
 		return
 	}
 	co.acquiring = true
-	ctx, cancel := context.WithCancel(co.c.bg)
+	ctx, cancel := context.WithCancel(closeWaits(co.c.bg))
 	co.stopAcq = cancel
 	go co.acquire(ctx, cancel)
 }

@@ -305,7 +305,7 @@ func (c *Client) tryHoldWithin(ctx context.Context, s holdSpec, d time.Duration,
 	}
 	done := make(chan result, 1)
 	var decided atomic.Bool // set by whichever comes first: the result, or the caller giving up
-	sctx, cancel := context.WithTimeout(ctx, d)
+	sctx, cancel := context.WithTimeout(closeWaits(ctx), d)
 	defer cancel() // once we have the result, or gave up on it
 	go func() {
 		defer c.wg.Done()
@@ -374,7 +374,7 @@ func (c *Client) takeTogether(ctx context.Context, specs []holdSpec, taken []*ho
 		for j, i := range idx {
 			refs[j] = specs[i].ref(ids[j])
 		}
-		c.abandon(refs...)
+		c.abandon(ctx, refs...)
 	}
 	res, err := c.runScript(c.lockCall(ctx), scripts.MultiAcquire, ks, args...).Int64Slice()
 	if err != nil && strings.HasPrefix(err.Error(), "CROSSSLOT") {
@@ -420,7 +420,7 @@ func (c *Client) takeTogether(ctx context.Context, specs []holdSpec, taken []*ho
 				later = append(later, specs[idx[k]].ref(ids[k]))
 			}
 			if len(later) > 0 {
-				c.abandon(later...)
+				c.abandon(ctx, later...)
 			}
 			return i, true, err
 		}
