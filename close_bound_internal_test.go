@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -117,3 +118,61 @@ func TestGiveBackDeadlineAfterClose(t *testing.T) {
 	}
 }
 
+// stallRunner runs calls on rdb until stall is set; then every call is held until its ctx
+// ends (a frozen server, through a runner without read timeouts), entered closed at the first.
+type stallRunner struct {
+	rdb     *redis.Client
+	stall   atomic.Bool
+	entered chan struct{}
+	once    sync.Once
+}
+
+func (r *stallRunner) RunScripts(ctx context.Context, calls []ScriptCall) []ScriptResult {
+	out := make([]ScriptResult, len(calls))
+	if r.stall.Load() {
+		r.once.Do(func() { close(r.entered) })
+		<-ctx.Done()
+		for i := range out {
+			out[i] = ScriptResult{Err: ctx.Err()}
+		}
+		return out
+	}
+	for i, c := range calls {
+		args := make([]any, len(c.Args))
+		for j, a := range c.Args {
+			args[j] = a
+		}
+		v, err := r.rdb.Eval(ctx, c.Source, c.Keys, args...).Result()
+		out[i] = ScriptResult{Val: v, Err: err}
+	}
+	return out
+}
+
+// An Extend in flight is background work Close waits for: Close's cut of its clean-up ends
+// it, so Close returns within its bound. Found by review: the Extend ran on its caller's ctx,
+// so Close waited for as long as the server stayed frozen.
+func TestCloseCutsAnExtendInFlight(t *testing.T) {
+	rdb := redistest.Client(t)
+	r := &stallRunner{rdb: rdb, entered: make(chan struct{})}
+	c := New(rdb, WithScriptRunner(r))
+	l, err := c.Mutex(redistest.Name(t)).Lock(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.stall.Store(true)
+	extended := make(chan error, 1)
+	go func() { extended <- l.Extend(context.Background(), time.Minute) }()
+	<-r.entered
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	closed := make(chan error, 1)
+	go func() { closed <- c.Close(ctx) }()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close with a 100 ms ctx has not returned after 10 s: it waits for the Extend")
+	}
+	if err := <-extended; err == nil {
+		t.Error("Extend cut short by Close: nil error")
+	}
+}

@@ -450,7 +450,12 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 			running++
 			go func() {
 				defer h.c.wg.Done()
-				results <- h.extend(ctx, ttl)
+				// Close waits for this goroutine: its cut of the clean-up ends the call.
+				ectx, cancel := context.WithCancel(ctx)
+				defer cancel()
+				stop := context.AfterFunc(h.c.cleanup, cancel)
+				defer stop()
+				results <- h.extend(ectx, ttl)
 			}()
 		}
 	}
