@@ -264,6 +264,17 @@ func (t *redlockTake) spec(i int) holdSpec {
 	return s
 }
 
+// valid is how many of the call's holds are still valid (held, before their safe deadline).
+func (t *redlockTake) valid() int {
+	n := 0
+	for _, h := range t.held {
+		if h != nil && h.valid() {
+			n++
+		}
+	}
+	return n
+}
+
 // giveBack gives back the holds on masters from on (see drop).
 func (t *redlockTake) giveBack(from int) {
 	for i := from; i < len(t.held); i++ {
@@ -373,6 +384,12 @@ func (r *redlock) take(ctx context.Context, c *Client, s holdSpec, wait bool, bl
 		unavailable = append(unavailable, faults...)
 		if n >= r.quorum && held[ticket] != nil {
 			token, err := t.raiseFence(ctx)
+			if err == nil && t.valid() < r.quorum {
+				// Holds ended while the fence was raised (a key deleted, a master restarted
+				// empty, a deadline passed): no lease is handed out, as for a single hold lost
+				// the moment it was taken.
+				err = notObtained(s.name, errLostAtOnce)
+			}
 			if err == nil {
 				if wait {
 					r.waited(s.keys.lock, !first || granted)
@@ -381,7 +398,10 @@ func (r *redlock) take(ctx context.Context, c *Client, s holdSpec, wait bool, bl
 				return hs, token, nil
 			}
 			t.giveBack(0)
-			if !wait || ctx.Err() != nil || !errors.Is(err, ErrUnavailable) {
+			if cerr := ctx.Err(); cerr != nil {
+				return nil, 0, notObtained(s.name, cerr, err)
+			}
+			if !wait || !errors.Is(err, ErrUnavailable) && !errors.Is(err, errLostAtOnce) {
 				return nil, 0, err
 			}
 			unavailable, refused = []error{err}, -1
