@@ -336,8 +336,12 @@ func (c *Client) tryHoldWithin(ctx context.Context, s holdSpec, d time.Duration,
 		}
 		r = <-done // the result came first after all
 	}
-	if r.err != nil && ctx.Err() == nil && errors.Is(r.err, context.DeadlineExceeded) {
-		return nil, tooSlow // cut short by the deadline (go-redis's ContextTimeoutEnabled)
+	if dl, _ := sctx.Deadline(); r.err != nil && ctx.Err() == nil && !time.Now().Before(dl) && !isRedisReply(r.err) {
+		// Cut short by the deadline d: go-redis with ContextTimeoutEnabled returns the ctx's
+		// error or, its read deadline being d, an i/o timeout (which may come before sctx's
+		// own timer has fired). Either way the attempt may still land, which the caller must
+		// know (a fresh owner id for the next one).
+		return nil, tooSlow
 	}
 	return r.h, r.err
 }

@@ -37,7 +37,9 @@ var errSlowMaster = errors.New("no answer from the Redlock master")
 // themselves, a bounded batch at a time, each with the next token of the lease's block.
 //
 // How a lease is taken: an acquire goes to every master at once, each answer awaited at most
-// a tenth of the TTL (200 ms at most); the lease is held when a quorum of masters granted it,
+// a tenth of the TTL (200 ms at most; plus the acknowledgement's timeout under WithReplicaAck),
+// so a TTL needs room for a master's round trip in a tenth of it (a master slower than that
+// counts as down for the attempt: ErrUnavailable, "no answer from the Redlock master"); the lease is held when a quorum of masters granted it,
 // each master's hold counting from its own send time (validity = TTL − elapsed − drift), and
 // only when the first master that answered is among them, so waiters are served in the FIFO
 // of that master (the first in the list, while it is up). A caller that gets less gives back
@@ -471,6 +473,9 @@ func (t *redlockTake) waitSpec(i int) holdSpec {
 func (t *redlockTake) pass(ctx context.Context) []error {
 	errs := make([]error, len(t.r.nodes))
 	d := t.r.nodeTimeout(t.s.cfg.leaseTTL())
+	if a := t.s.cfg.ack; a.on() {
+		d += a.timeout // the replicas' acknowledgement (WAIT) is part of a master's answer
+	}
 	held := slices.Clone(t.held) // read by f while it writes t.held
 	t.r.each(func(i int, n *Client) {
 		if held[i] == nil {

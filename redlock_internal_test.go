@@ -141,3 +141,51 @@ func TestRedlockCohortEndsTheLeaseBeforeGivingBack(t *testing.T) {
 		}
 	}
 }
+
+// A master that does not answer within the Redlock's wait counts as slow (errSlowMaster: the
+// next attempt on it goes under a fresh owner id, as the given-up one may still land) also
+// when go-redis, with ContextTimeoutEnabled, ends the call by its read deadline, an i/o
+// timeout rather than the ctx's error. Found by review: only the ctx's error was recognised.
+func TestRedlockMasterCutShortByItsReadDeadlineIsSlow(t *testing.T) {
+	srv := redistest.StartT(t, redistest.Config{})
+	o := srv.Options()
+	o.ContextTimeoutEnabled = true
+	rc := redis.NewClient(o)
+	t.Cleanup(func() { _ = rc.Close() })
+	n := New(rc)
+	defer n.Close(context.Background())
+	name := redistest.Name(t)
+	m := n.Mutex(name)
+	if _, err := rc.Ping(context.Background()).Result(); err != nil { // connected before the pause
+		t.Fatal(err)
+	}
+	srv.Pause()
+	defer srv.Resume()
+	s := holdSpec{name: name, keys: m.keys, cfg: m.cfg, owner: "L1"}
+	h, err := n.tryHoldWithin(context.Background(), s, 20*time.Millisecond, errSlowMaster)
+	if h != nil || !errors.Is(err, errSlowMaster) || !errors.Is(err, ErrUnavailable) {
+		t.Errorf("an attempt on a paused master, cut by its read deadline: %v, %v; want ErrUnavailable with errSlowMaster", h != nil, err)
+	}
+}
+
+// Under WithReplicaAck a Redlock waits for each master's answer the acknowledgement's timeout
+// longer: the WAIT is part of it. Masters without replicas then give the answer a single
+// server gives, ErrNotReplicated. Found by review: with an acknowledgement timeout above the
+// Redlock's wait for a master (200 ms), no master "answered" and Lock retried until its ctx
+// ended, never saying why.
+func TestRedlockWaitsOutTheReplicasAcknowledgement(t *testing.T) {
+	var masters []redis.UniversalClient
+	for range 3 {
+		rc := redistest.StartT(t, redistest.Config{}).Client()
+		t.Cleanup(func() { _ = rc.Close() })
+		masters = append(masters, rc)
+	}
+	c := NewRedlock(masters, WithReplicaAck(1, 300*time.Millisecond))
+	defer c.Close(context.Background())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	l, err := c.Mutex(redistest.Name(t), WithoutCohort()).Lock(ctx)
+	if l != nil || !errors.Is(err, ErrNotReplicated) || ctx.Err() != nil {
+		t.Errorf("a Redlock Lock acknowledged by no replica (there are none): %v, %v (ctx %v); want ErrNotReplicated at once", l != nil, err, ctx.Err())
+	}
+}
