@@ -603,15 +603,18 @@ func (c *Client) topologyMayHaveChanged(ctx context.Context) {
 // leaveQueueNow takes a waiter out of the lock's queue, passing on a grant made to it (of the
 // hold s.holdID the wait recorded, or one to confirm).
 func (c *Client) leaveQueueNow(s holdSpec) {
-	ctx, cancel := context.WithTimeout(c.cleanup, leaveTimeout)
+	// Work Close waits for (a wait's own leaving, its attempt's): after Close's cut, a leaving
+	// that passes on a grant or an attempt's late hold is still sent (ownCleanup).
+	ctx, cancel := c.ownCleanup(closeWaits(context.Background()), leaveTimeout)
 	defer cancel()
 	_, _ = runRelease(ctx, c, s.ref(s.holdID), releaseLeavingQueue, s.undo...)
 }
 
 // abandon undoes, in the background, acquires whose reply was lost (the holds hs, in one
-// round trip per node), if Redis applied them; once Close allows no more background work, on
-// the goroutine of the call on ctx (ownCleanup): a call that may have taken a lock Close will
-// not release must not leave it held for its TTL.
+// round trip per node), if Redis applied them. Once Close has begun it undoes them on the
+// goroutine of the call on ctx (ownCleanup) when that call is not work Close waits for, or
+// when Close allows no more background work: a call that may have taken a lock Close will not
+// release must not leave it held for its TTL.
 func (c *Client) abandon(ctx context.Context, hs ...holdRef) {
 	undo := func(ctx context.Context) {
 		keys, args := make([][]string, len(hs)), make([][]any, len(hs))
@@ -620,7 +623,8 @@ func (c *Client) abandon(ctx context.Context, hs ...holdRef) {
 		}
 		c.runBatch(ctx, scripts.Release, keys, args)
 	}
-	if !c.goBackground() {
+	if c.checkOpen() != nil && ctx.Value(closeWaitsFor{}) == nil || !c.goBackground() {
+		// As background work, Close's bound would cap a call's undo, and it may be past.
 		ctx, cancel := c.ownCleanup(ctx, lateGiveBack)
 		defer cancel()
 		undo(ctx)

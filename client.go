@@ -18,23 +18,26 @@ import (
 const abandonTimeout = 5 * time.Second
 
 // ownCleanup returns the context of a clean-up that gives back what a call on ctx may have
-// taken (a hold it will not hand out, an acquire whose reply was lost), bounded by d:
-// c.cleanup while the Client is open. Once Close has begun, a context of its own, which
-// Close's cut of its clean-up does not end (a hold it took would otherwise stay held for its
-// whole TTL): on work Close waits for (closeWaits), ending at the latest lateGiveBack after
-// Close's bound, so that Close returns by then however many give-backs that work makes (with
-// go-redis, plus a read timeout: it honours a deadline only with ContextTimeoutEnabled);
-// elsewhere (a Lock or TryLock on the caller's goroutine, which Close does not wait for)
-// lateGiveBack at most from now, however late it comes.
+// taken (a hold it will not hand out, an acquire whose reply was lost), bounded by d. On work
+// Close waits for (closeWaits): c.cleanup while the Client is open (Close's cut ends it);
+// once Close has begun, a context of its own, which that cut does not end (a hold it took
+// would otherwise stay held for its whole TTL), ending at the latest lateGiveBack after
+// Close's bound (closeBy), so that Close returns by then however many give-backs that work
+// makes (with go-redis, plus a read timeout: it honours a deadline only with
+// ContextTimeoutEnabled). Elsewhere (a Lock or TryLock on the caller's goroutine, which Close
+// does not wait for) a context of its own, not ended by Close: d, and once Close has begun
+// lateGiveBack at most, however late it comes.
 func (c *Client) ownCleanup(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	waited := ctx.Value(closeWaitsFor{}) != nil
 	if c.checkOpen() == nil {
-		return context.WithTimeout(c.cleanup, d)
+		if waited {
+			return context.WithTimeout(c.cleanup, d)
+		}
+		return context.WithTimeout(context.Background(), d)
 	}
 	end := time.Now().Add(min(d, lateGiveBack))
-	if ctx.Value(closeWaitsFor{}) != nil {
-		if by := c.closeBy.Load().Add(lateGiveBack); by.Before(end) {
-			end = by
-		}
+	if by := c.closeBy.Load().Add(lateGiveBack); waited && by.Before(end) {
+		end = by
 	}
 	return context.WithDeadline(context.Background(), end)
 }
@@ -165,8 +168,9 @@ func newClient(rdb redis.UniversalClient, opts []Option) *Client {
 // not close rdb.
 //
 // Close returns within CloseTimeout (or by ctx's deadline, if sooner), plus at most one
-// go-redis read timeout for calls already in flight when Redis is down, and when such a call
-// took a lock it must give back, one second more (with go-redis, up to one more read
+// go-redis read timeout for calls already in flight when Redis is down (an Extend in flight
+// is cut short then), and when such a call took a lock it must give back, or a waiter leaving
+// the queue must pass a grant on, one second more (with go-redis, up to one more read
 // timeout). It returns the release errors, if any.
 func (c *Client) Close(ctx context.Context) error {
 	c.mu.Lock()
@@ -219,6 +223,11 @@ func (c *Client) Close(ctx context.Context) error {
 	c.mu.Lock()
 	c.drained = true
 	c.mu.Unlock()
+	if now := time.Now(); now.After(by) {
+		// The releases above overran the bound (go-redis waits out a read timeout whatever
+		// the ctx): give-backs of the work Close now waits for still get lateGiveBack.
+		c.closeBy.Store(&now)
+	}
 	c.wg.Wait()
 	c.stopCleanup()
 	for _, n := range nots {

@@ -3,6 +3,7 @@ package dlock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"sync"
 	"sync/atomic"
@@ -174,5 +175,183 @@ func TestCloseCutsAnExtendInFlight(t *testing.T) {
 	}
 	if err := <-extended; err == nil {
 		t.Error("Extend cut short by Close: nil error")
+	}
+}
+
+// closeStuckRunner passes calls through to rdb, except calls on stuck, held (once armed) until
+// unstuck is closed whatever their ctx (go-redis on a frozen server without
+// ContextTimeoutEnabled ends a call at its read timeout, not at its ctx), and the first call
+// on lost (once armed), held until land is closed, then run with its reply lost.
+type closeStuckRunner struct {
+	rdb                 *redis.Client
+	armed               atomic.Bool
+	stuck, lost         string
+	stuckIn, lostIn     chan struct{}
+	unstuck, land       chan struct{}
+	stuckOnce, lostOnce sync.Once
+}
+
+func (r *closeStuckRunner) RunScripts(ctx context.Context, calls []ScriptCall) []ScriptResult {
+	out := make([]ScriptResult, len(calls))
+	for i, c := range calls {
+		armed := r.armed.Load() && len(c.Keys) > 0
+		first := false
+		if armed && c.Keys[0] == r.stuck {
+			r.stuckOnce.Do(func() { close(r.stuckIn) })
+			<-r.unstuck
+			out[i] = ScriptResult{Err: errors.New("i/o timeout (a read timeout)")}
+			continue
+		}
+		if armed && c.Keys[0] == r.lost {
+			r.lostOnce.Do(func() { first = true; close(r.lostIn) })
+			if first {
+				<-r.land
+			}
+		}
+		args := make([]any, len(c.Args))
+		for j, a := range c.Args {
+			args[j] = a
+		}
+		v, err := r.rdb.Eval(ctx, c.Source, c.Keys, args...).Result() // a done ctx sends nothing
+		out[i] = ScriptResult{Val: v, Err: err}
+		if first {
+			out[i] = ScriptResult{Err: io.ErrUnexpectedEOF} // it ran; its reply is lost
+		}
+	}
+	return out
+}
+
+// A TryLock on the caller's goroutine, which Close does not wait for, whose acquire ran with
+// its reply lost while Close is still releasing its leases long past its bound (a release
+// stuck for a read timeout) undoes the acquire all the same. Found by review: the undo went to
+// a background goroutine, which Close waits for and so caps at its bound plus lateGiveBack,
+// over before it started: the lock stayed held for its TTL.
+func TestCallerUndoWhileCloseOverrunsItsBound(t *testing.T) {
+	rdb := redistest.Client(t)
+	nameA, nameB := redistest.Name(t)+"-a", redistest.Name(t)+"-b"
+	r := &closeStuckRunner{rdb: rdb,
+		stuck: lockKeys(DefaultKeyPrefix, nameA).lock, lost: lockKeys(DefaultKeyPrefix, nameB).lock,
+		stuckIn: make(chan struct{}), lostIn: make(chan struct{}), unstuck: make(chan struct{}), land: make(chan struct{})}
+	c := New(rdb, WithScriptRunner(r))
+	if _, err := c.Mutex(nameA).Lock(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	r.armed.Store(true)
+	got := make(chan error, 1)
+	go func() {
+		_, err := c.Mutex(nameB).TryLock(context.Background())
+		got <- err
+	}()
+	<-r.lostIn // TryLock's acquire is in flight
+	closed := make(chan error, 1)
+	go func() { closed <- c.Close(context.Background()) }()
+	<-r.stuckIn // Close is releasing lease A, stuck
+	long := time.Now().Add(-10 * lateGiveBack)
+	c.closeBy.Store(&long) // as if Close's bound passed long ago
+	close(r.land)          // the acquire runs now, its reply lost
+	if err := <-got; !errors.Is(err, ErrClosed) {
+		t.Errorf("TryLock whose acquire ran during Close: %v, want ErrClosed", err)
+	}
+	close(r.unstuck)
+	<-closed
+	key := lockKeys(DefaultKeyPrefix, nameB).lock
+	if h := rdb.HGetAll(context.Background(), key).Val(); len(h) != 0 {
+		t.Errorf("the lock TryLock took during Close, after Close returned: %v (PTTL %v), want it given back",
+			h, rdb.PTTL(context.Background(), key).Val())
+	}
+}
+
+// cutRunner holds the first call on key until a second call on key (the waiter's leaving the
+// queue, at Close) has run; then it runs the held call (it reached Redis late) and loses its
+// reply at its ctx's end (Close's cut of its clean-up), as go-redis does with
+// ContextTimeoutEnabled. Calls on key after that are recorded with their ctx error.
+type cutRunner struct {
+	rdb        *redis.Client
+	key        string
+	mu         sync.Mutex
+	n          int
+	entered    chan struct{}
+	leftQueue  chan struct{}
+	afterCalls []error
+}
+
+func (r *cutRunner) eval(ctx context.Context, c ScriptCall) ScriptResult {
+	args := make([]any, len(c.Args))
+	for j, a := range c.Args {
+		args[j] = a
+	}
+	v, err := r.rdb.Eval(ctx, c.Source, c.Keys, args...).Result()
+	return ScriptResult{Val: v, Err: err}
+}
+
+func (r *cutRunner) RunScripts(ctx context.Context, calls []ScriptCall) []ScriptResult {
+	out := make([]ScriptResult, len(calls))
+	for i, c := range calls {
+		if len(c.Keys) == 0 || c.Keys[0] != r.key {
+			out[i] = r.eval(ctx, c)
+			continue
+		}
+		r.mu.Lock()
+		r.n++
+		n := r.n
+		if n > 2 {
+			r.afterCalls = append(r.afterCalls, ctx.Err())
+		}
+		r.mu.Unlock()
+		switch n {
+		case 1:
+			close(r.entered)
+			<-r.leftQueue
+			out[i] = r.eval(context.Background(), c) // it reached Redis
+			r.mu.Lock()
+			r.afterCalls = append(r.afterCalls, fmt.Errorf("late acquire: %v %v", out[i].Val, out[i].Err))
+			r.mu.Unlock()
+			<-ctx.Done()
+			out[i] = ScriptResult{Err: ctx.Err()} // its reply cut short
+		case 2:
+			out[i] = r.eval(ctx, c)
+			close(r.leftQueue)
+		default:
+			out[i] = r.eval(ctx, c)
+		}
+	}
+	return out
+}
+
+// A wait's attempt in flight when Close begins, whose acquire reaches Redis after the waiter
+// left the queue and whose reply Close's cut of its clean-up ends, is given back by the
+// attempt's own leaving, work Close waits for, which gets until Close's bound plus
+// lateGiveBack as that work's other give-backs do. Found by review: the leaving ran on the
+// clean-up context Close had cut, so nothing was sent and the lock stayed held for its TTL.
+func TestWaitAttemptLandingAfterClosesCutIsGivenBack(t *testing.T) {
+	for _, gone := range []bool{false, true} {
+		t.Run(fmt.Sprintf("close ctx ended already %v", gone), func(t *testing.T) { waitAttemptLandingAfterClosesCut(t, gone) })
+	}
+}
+
+func waitAttemptLandingAfterClosesCut(t *testing.T, gone bool) {
+	rdb := redistest.Client(t)
+	name := redistest.Name(t)
+	key := lockKeys(DefaultKeyPrefix, name).lock
+	r := &cutRunner{rdb: rdb, key: key, entered: make(chan struct{}), leftQueue: make(chan struct{})}
+	c := New(rdb, WithScriptRunner(r), WithoutCohort())
+	got := make(chan error, 1)
+	go func() {
+		_, err := c.Mutex(name).Lock(context.Background())
+		got <- err
+	}()
+	<-r.entered
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if gone {
+		cancel() // a shutdown whose ctx has already ended
+	}
+	_ = c.Close(ctx)
+	if err := <-got; !errors.Is(err, ErrClosed) {
+		t.Errorf("Lock waiting when Close began: %v, want ErrClosed", err)
+	}
+	if h := rdb.HGetAll(context.Background(), key).Val(); len(h) != 0 {
+		t.Errorf("lock taken by a wait's attempt in flight at Close: still held after Close returned: %v (PTTL %v), want it given back",
+			h, rdb.PTTL(context.Background(), key).Val())
 	}
 }
