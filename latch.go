@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/dlock-go/dlock/internal/scripts"
+	"github.com/redis/go-redis/v9"
 )
 
 // DefaultLatchTTL is how long a latch lives after its last TrySetCount or CountDown when
@@ -25,8 +27,9 @@ var latchRecheck = time.Second
 //
 // In Redis a latch is one hash at its name's lock key, with a TTL (WithTTL, default
 // DefaultLatchTTL) renewed by TrySetCount and every CountDown: an abandoned latch disappears
-// on its own. Each call is applied once even when go-redis resends it: the name's op log
-// remembers the calls applied for a minute. At zero it is deleted and its waiters are told by push (one message per
+// on its own. Each call is applied once even when it is sent again (by go-redis, or by the
+// call itself while Redis gives no answer): the name's op log remembers the calls applied for
+// a minute. At zero it is deleted and its waiters are told by push (one message per
 // Client, which wakes all of the Client's waiters). A latch with no state in Redis (never
 // set, already at zero, expired) is open: Wait returns at once and CountDown does nothing,
 // as Redisson's do. So a Wait that starts only after the count reached zero returns at once,
@@ -43,13 +46,14 @@ type Latch struct {
 }
 
 // Latch returns a handle on the count-down latch called name. Of the options only WithTTL
-// (how long an abandoned latch lives) and WithKeyPrefix apply. An invalid name or option is
+// (how long an abandoned latch lives; only as given here: a Client's WithTTL is its leases'
+// TTL) and WithKeyPrefix apply. An invalid name or option is
 // reported by the handle's calls as ErrInvalid; Latch itself never fails.
 func (c *Client) Latch(name string, opts ...Option) *Latch {
 	cfg := c.cfg.apply(opts)
 	d := &Latch{c: c, name: name, keys: lockKeys(cfg.keyPrefix(), name), ttl: DefaultLatchTTL}
-	if cfg.ttlSet {
-		d.ttl = cfg.ttl
+	if own := (config{}).apply(opts); own.ttlSet {
+		d.ttl = own.ttl // the Client's WithTTL is its leases' TTL, not a latch's lifetime
 	}
 	d.err = join(c.unsupported("Latch"), c.err, validateName(name), cfg.validate())
 	return d
@@ -60,8 +64,10 @@ func (d *Latch) Name() string { return d.name }
 
 // TrySetCount starts the latch at count (at least 1) and reports true, or reports false and
 // changes nothing when the latch is counting already. It returns ErrInvalid for a count below
-// 1 or a name used as a lock, and the Redis error (matching ErrUnavailable when Redis gave no
-// definite answer: the latch may then have been set) if the call fails.
+// 1 or a name used as a lock. While Redis gives no definite answer (a lost reply, a failover)
+// it sends the call again, with backoff, applied once however many sends reach Redis (see
+// Latch); an error matching ErrUnavailable means it gave up (ctx ended, the Client closed, or
+// half the op log's minute passed) and the latch may have been set.
 func (d *Latch) TrySetCount(ctx context.Context, count int) (bool, error) {
 	if d.err != nil {
 		return false, d.err
@@ -69,33 +75,69 @@ func (d *Latch) TrySetCount(ctx context.Context, count int) (bool, error) {
 	if count < 1 {
 		return false, fmt.Errorf("%w: latch %q: count %d: must be at least 1", ErrInvalid, d.name, count)
 	}
-	set, err := d.c.runScript(ctx, scripts.LatchSet, []string{d.keys.lock, d.keys.opLog}, count, d.ttl.Milliseconds(),
-		d.c.nextHoldID(), opLogTTL.Milliseconds()).Int()
+	set, err := d.run(ctx, "set latch", scripts.LatchSet, count, d.ttl.Milliseconds(), d.c.nextHoldID(), opLogTTL.Milliseconds())
 	if err != nil {
-		return false, redisErr("set latch", d.name, err)
+		return false, err
 	}
-	return set == 1, nil
+	n, err := set.Int()
+	if err != nil {
+		return false, fmt.Errorf("dlock: set latch %q: unexpected reply: %w", d.name, err)
+	}
+	return n == 1, nil
 }
 
 // CountDown takes one off the latch's count; at zero the latch opens: it is deleted and its
 // waiters are woken. On an open latch (no state in Redis) it does nothing: a count never goes
-// below zero. It returns ErrInvalid for a name used as a lock, and the Redis error (matching
-// ErrUnavailable when Redis gave no definite answer: the count may then have gone down) if
-// the call fails. A resend of the call by go-redis counts once; a CountDown called again by
-// the caller after an ErrUnavailable may count twice.
+// below zero. It returns ErrInvalid for a name used as a lock. While Redis gives no definite
+// answer (a lost reply, a failover) it sends the same call again, with backoff, counted once
+// however many sends reach Redis; an error matching ErrUnavailable means it gave up (ctx
+// ended, the Client closed, or half the op log's minute passed) and the count may have gone
+// down: calling CountDown again then may count twice.
 func (d *Latch) CountDown(ctx context.Context) error {
 	if d.err != nil {
 		return d.err
 	}
-	k := d.keys
-	// One id per call: go-redis may resend the script after a lost reply, which must not
-	// count twice.
-	err := d.c.runScript(ctx, scripts.LatchDown, []string{k.lock, k.opLog}, d.ttl.Milliseconds(), k.channel, d.c.publishCmd,
-		d.c.nextHoldID(), opLogTTL.Milliseconds()).Err()
-	if err != nil {
-		return redisErr("count down latch", d.name, err)
+	_, err := d.run(ctx, "count down latch", scripts.LatchDown, d.ttl.Milliseconds(), d.keys.channel, d.c.publishCmd,
+		d.c.nextHoldID(), opLogTTL.Milliseconds())
+	return err
+}
+
+// run sends a latch call (script over the latch and its op log, with args carrying the call's
+// id) until Redis answers it: a send whose reply was lost may have run, and the op log makes a
+// resend of the same id apply nothing more, for opLogTTL; the resends stop at half that. The
+// error is the answer's (redisErr), or, after giving up, ErrUnavailable saying the call may
+// have been applied.
+func (d *Latch) run(ctx context.Context, op string, script *redis.Script, args ...any) (*redis.Cmd, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("dlock: %s %q: %w", op, d.name, err) // nothing sent
 	}
-	return nil
+	keys := []string{d.keys.lock, d.keys.opLog}
+	giveUp := time.Now().Add(opLogTTL / 2)
+	var backoff time.Duration
+	for {
+		cmd := d.c.runScript(ctx, script, keys, args...)
+		err := cmd.Err()
+		switch {
+		case err == nil:
+			return cmd, nil
+		case isRedisReply(err) && classify(err) != replyUnavailable, classify(err) == replyClosed:
+			return nil, redisErr(op, d.name, err) // an answer; or go-redis closed: nothing sends
+		}
+		d.c.topologyMayHaveChanged(ctx)
+		backoff = min(max(2*backoff, minUnavailableRetry), maxUnavailableRetry)
+		wait := backoff/2 + rand.N(backoff/2+1)
+		if time.Now().Add(wait).After(giveUp) {
+			return nil, d.mayHaveRun(op, err)
+		}
+		if werr := sleepCtx(ctx, d.c, wait); werr != nil {
+			return nil, d.mayHaveRun(op, join(werr, err))
+		}
+	}
+}
+
+// mayHaveRun is the error of a latch call given up on without a definite answer.
+func (d *Latch) mayHaveRun(op string, err error) error {
+	return fmt.Errorf("dlock: %s %q: %w: no definite answer from Redis, so it may have been applied: %w", op, d.name, ErrUnavailable, err)
 }
 
 // Count returns the latch's count: 0 when it is open (no state in Redis). It returns
@@ -113,22 +155,24 @@ func (d *Latch) Count(ctx context.Context) (int, error) {
 // it; "" when open).
 func (d *Latch) count(ctx context.Context) (int, string, error) {
 	// One read: a latch set or opened meanwhile is seen whole, never half.
-	f, err := d.c.rdb.HMGet(ctx, d.keys.lock, "#k", "#n", "#v", "#g").Result()
+	f, foreign, err := d.c.stateFields(ctx, d.keys.lock, "#n", "#g")
 	if err != nil {
 		if strings.HasPrefix(err.Error(), "WRONGTYPE") {
 			return 0, "", fmt.Errorf("%w: %q holds a value of another type, not a latch", ErrInvalid, d.name)
 		}
 		return 0, "", redisErr("read latch", d.name, err)
 	}
-	if f[0] == nil && f[2] == nil {
+	switch {
+	case foreign:
+		return 0, "", fmt.Errorf("%w: %q holds a hash that is not a latch", ErrInvalid, d.name)
+	case f[0] == nil && f[1] == nil:
 		return 0, "", nil // no state: open
+	case str(f[0]) != "latch":
+		return 0, "", fmt.Errorf("%w: %q is held as %s, not a latch", ErrInvalid, d.name, kindName(str(f[0])))
 	}
-	if str(f[0]) != "latch" {
-		return 0, "", fmt.Errorf("%w: %q is held as a lock, not a latch", ErrInvalid, d.name)
-	}
-	n, err := strconv.Atoi(str(f[1]))
+	n, err := strconv.Atoi(str(f[2]))
 	if err != nil {
-		return 0, "", fmt.Errorf("dlock: latch %q: count %q: %w", d.name, str(f[1]), err)
+		return 0, "", fmt.Errorf("dlock: latch %q: count %q: %w", d.name, str(f[2]), err)
 	}
 	return max(n, 0), str(f[3]), nil
 }

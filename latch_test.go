@@ -476,3 +476,105 @@ func TestLatchWaitEndsOnTheOpeningOfACountItRead(t *testing.T) {
 		waitReturned(t, done, fmt.Sprintf("trial %d: the opening of the count the Wait read", i))
 	}
 }
+
+// A Client's WithTTL is its leases' TTL, not its latches' lifetime: a latch lives
+// DefaultLatchTTL unless given a WithTTL of its own. Found by review: a latch took the
+// Client's lease TTL, so with WithTTL(10s) on the Client a latch whose loaders were slower
+// than 10 s expired, and Wait saw it open with nobody having counted down.
+func TestLatchLifetimeIsNotTheClientsLeaseTTL(t *testing.T) {
+	c, rdb := newClient(t, dlock.WithTTL(time.Second))
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	if _, err := c.Latch(name).TrySetCount(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	if pttl := rdb.PTTL(ctx, lockKey(name)).Val(); pttl < dlock.DefaultLatchTTL-time.Minute {
+		t.Errorf("a latch of a Client made WithTTL(1s): PTTL %v, want about DefaultLatchTTL (%v)", pttl, dlock.DefaultLatchTTL)
+	}
+	own := redistest.Name(t)
+	if _, err := c.Latch(own, dlock.WithTTL(time.Hour)).TrySetCount(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	if pttl := rdb.PTTL(ctx, lockKey(own)).Val(); pttl <= time.Hour-time.Minute || pttl > time.Hour {
+		t.Errorf("a latch made WithTTL(1h): PTTL %v, want about an hour", pttl)
+	}
+}
+
+// A TrySetCount or CountDown whose reply is lost is sent again under the same call id until
+// Redis answers, and applies once: the caller gets the answer, not an ErrUnavailable it
+// could only retry by counting twice. Found by review: a loader's CountDown whose reply was
+// lost returned ErrUnavailable after it had counted, and its retry opened the latch a loader
+// early.
+func TestLatchCallWhoseReplyIsLostIsSentAgainAndAppliedOnce(t *testing.T) {
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	for _, s := range []*redis.Script{scripts.LatchSet, scripts.LatchDown} {
+		if err := s.Load(ctx, redistest.Client(t)).Err(); err != nil { // so the first send is the one that runs
+			t.Fatal(err)
+		}
+	}
+	rdb := redistest.Client(t)
+	set, down := &dropReply{sha: scripts.LatchSet.Hash()}, &dropReply{sha: scripts.LatchDown.Hash()}
+	rdb.AddHook(set)
+	rdb.AddHook(down)
+	c := dlock.New(rdb, dlock.OnGoRedis()) // go-redis does not resend a script whose reply was lost
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	d := c.Latch(name)
+	set.drops.Store(2)
+	if ok, err := d.TrySetCount(ctx, 3); !ok || err != nil {
+		t.Fatalf("TrySetCount with two replies lost: %v, %v; want true", ok, err)
+	}
+	mustCount(t, d, 3)
+	down.drops.Store(2)
+	if err := d.CountDown(ctx); err != nil {
+		t.Fatalf("CountDown with two replies lost: %v; want nil", err)
+	}
+	mustCount(t, d, 2)
+	if set.drops.Load() > 0 || down.drops.Load() > 0 {
+		t.Fatalf("replies left to drop: set %d, down %d; the test lost none", set.drops.Load(), down.drops.Load())
+	}
+}
+
+// A latch call given up on without an answer says so: ErrUnavailable, saying it may have been
+// applied, with the ctx's error.
+func TestLatchCallGivenUpSaysItMayHaveRun(t *testing.T) {
+	srv := redistest.StartT(t, redistest.Config{})
+	rdb := srv.Client()
+	t.Cleanup(func() { _ = rdb.Close() })
+	c := dlock.New(rdb)
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	srv.Kill()
+	ctx, cancel := context.WithTimeout(ctxT(t), 300*time.Millisecond)
+	defer cancel()
+	err := c.Latch(redistest.Name(t)).CountDown(ctx)
+	if !errors.Is(err, dlock.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) || !contains(err, "may have been applied") {
+		t.Errorf("CountDown with Redis down until its ctx ended: %v; want ErrUnavailable, the ctx's error, and that it may have been applied", err)
+	}
+}
+
+// A hash at a latch's or a semaphore's key that dlock did not write is refused by their reads
+// as by their scripts, not read as an open latch or a free semaphore; a latch read as a
+// semaphore is named a latch. Found by review.
+func TestLatchAndSemaphoreReadsRefuseAForeignHash(t *testing.T) {
+	c, rdb := newClient(t)
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	rdb.HSet(ctx, lockKey(name), "foo", "bar")
+	d := c.Latch(name)
+	if err := d.Wait(ctx); !errors.Is(err, dlock.ErrInvalid) || !contains(err, "not a latch") {
+		t.Errorf("Wait on a foreign hash: %v, want ErrInvalid", err)
+	}
+	if _, err := d.Count(ctx); !errors.Is(err, dlock.ErrInvalid) {
+		t.Errorf("Count on a foreign hash: %v, want ErrInvalid", err)
+	}
+	if _, err := c.Semaphore(name, 2).Available(ctx); !errors.Is(err, dlock.ErrInvalid) || !contains(err, "not a semaphore") {
+		t.Errorf("Available on a foreign hash: %v, want ErrInvalid", err)
+	}
+	latch := redistest.Name(t)
+	if _, err := c.Latch(latch).TrySetCount(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Semaphore(latch, 2).Available(ctx); !errors.Is(err, dlock.ErrInvalid) || !contains(err, "held as a latch") {
+		t.Errorf("Available on a latch: %v, want ErrInvalid naming a latch", err)
+	}
+}

@@ -146,22 +146,23 @@ func (s *Semaphore) Available(ctx context.Context) (int, error) {
 	if s.err != nil {
 		return 0, s.err
 	}
-	f, err := s.c.rdb.HMGet(ctx, s.keys.lock, "#k", "#n", "#u", "#v").Result()
+	f, foreign, err := s.c.stateFields(ctx, s.keys.lock, "#n", "#u")
 	if err != nil {
 		if strings.HasPrefix(err.Error(), "WRONGTYPE") {
 			return 0, fmt.Errorf("%w: %q holds a value of another type, not a semaphore", ErrInvalid, s.name)
 		}
 		return 0, redisErr("read semaphore", s.name, err)
 	}
-	kind, _ := f[0].(string)
-	if f[0] == nil && f[3] == nil {
+	switch kind := str(f[0]); {
+	case foreign:
+		return 0, fmt.Errorf("%w: %q holds a hash that is not a semaphore", ErrInvalid, s.name)
+	case f[0] == nil && f[1] == nil:
 		return s.permits, nil // no state: every permit is free
+	case kind != "sem":
+		return 0, fmt.Errorf("%w: %q is held as %s, not a semaphore", ErrInvalid, s.name, kindName(kind))
 	}
-	if kind != "sem" {
-		return 0, fmt.Errorf("%w: %q is held as a lock, not a semaphore", ErrInvalid, s.name)
-	}
-	total, _ := strconv.Atoi(str(f[1]))
-	used, _ := strconv.Atoi(str(f[2]))
+	total, _ := strconv.Atoi(str(f[2]))
+	used, _ := strconv.Atoi(str(f[3]))
 	if total != s.permits {
 		return 0, fmt.Errorf("%w: semaphore %q has %d permits, not %d", ErrInvalid, s.name, total, s.permits)
 	}

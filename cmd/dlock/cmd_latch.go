@@ -24,7 +24,11 @@ func latchCmd(stdout io.Writer, cp *completer) *cobra.Command {
 		Short: "A count-down latch for start-up ordering",
 		Long: `A count-down latch: set starts the latch NAME at N (exit 1 if it is counting already),
 down counts it down by one, wait returns once it reaches zero (at once if it has no state),
-status prints its count.`,
+status prints its count.
+
+While Redis gives no answer, set and down send the same call again (it is applied once) for
+up to 10 s; exit 69 then means the call may or may not have been applied: read the count
+with status before running down again, which would count again.`,
 		Example: "  dlock latch set warehouses-loaded 4\n  dlock latch down warehouses-loaded\n  dlock latch wait --wait 5m warehouses-loaded",
 		Args: func(_ *cobra.Command, args []string) error {
 			want := map[string]int{"set": 3, "down": 2, "wait": 2, "status": 2}
