@@ -258,3 +258,44 @@ func TestLeastPrivilegedUserRWMutexAndMultiLock(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A user with exactly the minimal ACL sets, counts down, reads and waits for a latch, and
+// acquires and reads a semaphore, held and free. Found by review: reading an open latch or a
+// free semaphore sent HLEN, which that ACL does not allow.
+func TestLeastPrivilegedUserLatchAndSemaphore(t *testing.T) {
+	srv := redistest.StartT(t, redistest.Config{})
+	rdb := aclClient(t, srv, "dlock", minimalACL...)
+	ctx := ctxT(t)
+	c := dlock.New(rdb, dlock.WithLogger(slog.New(newLogRecords())))
+	defer c.Close(ctx)
+	d := c.Latch("acl-latch")
+	if n, err := d.Count(ctx); err != nil || n != 0 {
+		t.Errorf("Count of an open latch: %d, %v", n, err)
+	}
+	if err := d.Wait(ctx); err != nil {
+		t.Errorf("Wait of an open latch: %v", err)
+	}
+	if ok, err := d.TrySetCount(ctx, 1); !ok || err != nil {
+		t.Fatalf("TrySetCount: %v, %v", ok, err)
+	}
+	if n, err := d.Count(ctx); err != nil || n != 1 {
+		t.Errorf("Count of a counting latch: %d, %v", n, err)
+	}
+	if err := d.CountDown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Wait(ctx); err != nil {
+		t.Errorf("Wait of a latch opened: %v", err)
+	}
+	s := c.Semaphore("acl-sem", 3)
+	if n, err := s.Available(ctx); err != nil || n != 3 {
+		t.Errorf("Available of a free semaphore: %d, %v", n, err)
+	}
+	l := must(t)(s.Acquire(ctx, 2))
+	if n, err := s.Available(ctx); err != nil || n != 1 {
+		t.Errorf("Available with 2 of 3 permits out: %d, %v", n, err)
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -231,15 +231,17 @@ func globEscape(s string) string {
 
 // stateFields reads the fields "#k" (the kind), "#v" (the layout) and then more of the dlock
 // state at key, in one HMGET: f[0], f[1] and the rest in order. A hash with neither "#k" nor
-// "#v" is no dlock state: foreign reports one that holds fields of somebody else's (all nil
-// and foreign false: no state at all). A state made or ended between the reads is read again.
+// "#v" is no dlock state: foreign reports a key that exists all the same (somebody else's
+// hash; all nil and foreign false: no state at all). A state made or ended between the reads
+// is read again; a key of another type made between them is WRONGTYPE on the next read.
 func (c *Client) stateFields(ctx context.Context, key string, more ...string) (f []any, foreign bool, err error) {
 	fields := append([]string{"#k", "#v"}, more...)
 	for range 3 {
 		if f, err = c.rdb.HMGet(ctx, key, fields...).Result(); err != nil || f[0] != nil || f[1] != nil {
 			return f, false, err
 		}
-		n, err := c.rdb.HLen(ctx, key).Result()
+		// EXISTS, not HLEN: the minimal ACL (README) has it, as the scripts use it.
+		n, err := c.rdb.Exists(ctx, key).Result()
 		if err != nil || n == 0 {
 			return f, false, err
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -336,7 +337,7 @@ func (c *Client) tryHoldWithin(ctx context.Context, s holdSpec, d time.Duration,
 		}
 		r = <-done // the result came first after all
 	}
-	if dl, _ := sctx.Deadline(); r.err != nil && ctx.Err() == nil && !time.Now().Before(dl) && !isRedisReply(r.err) {
+	if r.err != nil && ctx.Err() == nil && (errors.Is(r.err, context.DeadlineExceeded) || cutByDeadline(sctx, r.err)) {
 		// Cut short by the deadline d: go-redis with ContextTimeoutEnabled returns the ctx's
 		// error or, its read deadline being d, an i/o timeout (which may come before sctx's
 		// own timer has fired). Either way the attempt may still land, which the caller must
@@ -344,6 +345,14 @@ func (c *Client) tryHoldWithin(ctx context.Context, s holdSpec, d time.Duration,
 		return nil, tooSlow
 	}
 	return r.h, r.err
+}
+
+// cutByDeadline reports whether err is a network timeout that came once ctx's deadline had
+// passed: the deadline go-redis reads by with ContextTimeoutEnabled.
+func cutByDeadline(ctx context.Context, err error) bool {
+	var ne net.Error
+	dl, ok := ctx.Deadline()
+	return ok && !time.Now().Before(dl) && errors.As(err, &ne) && ne.Timeout()
 }
 
 // takeTogether takes every member not taken yet in one script (multi_acquire.lua), when all of

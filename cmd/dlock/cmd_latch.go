@@ -90,7 +90,10 @@ func latch(stdout io.Writer, common *commonFlags, op string, rest []string, ttl,
 		if err := d.CountDown(ctx); err != nil {
 			return err
 		}
-		return printCount(ctx, stdout, d)
+		// A read of its own: the count-down may have used most of ctx, and it went down.
+		rctx, rcancel := context.WithTimeout(context.Background(), adminTimeout)
+		defer rcancel()
+		return printCount(rctx, stdout, d)
 	case "status":
 		return printCount(ctx, stdout, d)
 	case "wait":

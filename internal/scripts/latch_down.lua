@@ -15,16 +15,19 @@
 -- Returns the count after the call: -1 when there was no latch (never set, already at zero,
 -- or expired: nothing changed, as counting below zero does nothing). A key of another kind is
 -- refused as in latch_set.lua.
+if redis.call('HEXISTS', KEYS[2], 'ld:' .. ARGV[4]) == 1 then
+  -- This call was applied already (its reply was lost), before anything else is looked at:
+  -- the latch may have opened since, and its name been taken as a lock.
+  local f = latch_fields(KEYS[1], '#n', '#g')
+  return f and f[1] and tonumber(f[3]) or -1
+end
 local f, refused = latch_fields(KEYS[1], '#n', '#g')
 if not f then
   return refused
 end
-local open = not f[1]
-if redis.call('HSETNX', KEYS[2], 'ld:' .. ARGV[4], 1) == 0 then
-  return open and -1 or tonumber(f[3]) -- this call was applied already (its reply was lost)
-end
+redis.call('HSET', KEYS[2], 'ld:' .. ARGV[4], 1)
 redis.call('PEXPIRE', KEYS[2], ARGV[5])
-if open then
+if not f[1] then
   return -1
 end
 local n = redis.call('HINCRBY', KEYS[1], '#n', -1)
