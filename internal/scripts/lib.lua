@@ -139,7 +139,8 @@ local function add_reader(k_lock, owner, mark, ttl, permits)
     if mark then
       redis.call('HSET', k_lock, mark, owner)
     end
-  elseif mark and redis.call('HSETNX', k_lock, mark, owner) == 1 then
+  elseif mark and redis.call('HEXISTS', k_lock, mark) == 0 then -- not HSETNX: not in the minimal ACL
+    redis.call('HSET', k_lock, mark, owner)
     redis.call('HINCRBY', k_lock, owner, 1)
   end
   local d = math.max(tonumber(had or '0'), now_ms() + tonumber(ttl))
