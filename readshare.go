@@ -228,6 +228,11 @@ func (c *Client) waitRead(rw *RWMutex, p *pendingRead, s holdSpec, contended boo
 func (c *Client) endWait(p *pendingRead, h *hold, err error) {
 	defer p.cancel()
 	var sh *readShare
+	if h != nil && h.othersWait {
+		// A writer waits behind the hold: later readers wait anew, behind it, rather than
+		// join this wait on its way out (its share takes no later reader either).
+		c.detachRead(p.key, p)
+	}
 	if h != nil {
 		// Open to later readers first, with one place (ours) that keeps it until the waiters
 		// have theirs: a reader that comes in between joins it rather than waiting anew.

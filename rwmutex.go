@@ -23,7 +23,9 @@ import (
 // context. Re-entry: RLock or Lock given a write lease's context re-enters it (an RLock gets a
 // read lease on the write hold, a downgrade that keeps the lock exclusive until the write
 // lease and its re-entries have unlocked); Lock given a read lease's context fails at once with
-// ErrInvalid, because two readers upgrading would wait for each other forever.
+// ErrInvalid, because two readers upgrading would wait for each other forever. A read lease
+// from a downgrade is the exception: its hold is still the writer's, exclusive, so Lock given
+// its context re-enters it to write (no other reader can be waiting to upgrade).
 //
 // Fencing tokens: a write lease's token is above every earlier lease's token on the lock, so a
 // resource can refuse a stale writer. Readers admitted in one read phase (between two writers)

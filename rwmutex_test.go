@@ -179,8 +179,9 @@ func TestRWMutexFairQueue(t *testing.T) {
 	_ = last.Unlock(ctx)
 }
 
-// A read lease inside a write lease's context re-enters it (a downgrade); a write lease inside a
-// read lease's context is refused at once; a Mutex and an RWMutex never share a name.
+// A read lease inside a write lease's context re-enters it (a downgrade), and a write lease
+// inside that downgraded one re-enters the write hold; a write lease inside a read lease's
+// context is refused at once; a Mutex and an RWMutex never share a name.
 func TestRWMutexReentryAndKinds(t *testing.T) {
 	c, _ := newClient(t)
 	ctx := ctxT(t)
@@ -202,6 +203,15 @@ func TestRWMutexReentryAndKinds(t *testing.T) {
 	}
 	if _, err := rw.TryRLock(ctx); !errors.Is(err, dlock.ErrNotObtained) {
 		t.Errorf("the read lease inside the write lease let another reader in: %v", err)
+	}
+	// The downgraded read lease's hold is still the writer's: Lock re-enters it (as the docs
+	// say: no other reader can be waiting to upgrade), and the lock stays exclusive.
+	w2, err := rw.Lock(r.Context())
+	if err != nil || w2.Token() != w.Token() {
+		t.Fatalf("Lock given a downgraded read lease's context: %v; want a re-entry of the write hold", err)
+	}
+	if err := w2.Unlock(ctx); err != nil {
+		t.Fatal(err)
 	}
 	if err := r.Unlock(ctx); err != nil {
 		t.Fatal(err)
