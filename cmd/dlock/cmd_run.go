@@ -60,7 +60,7 @@ Signals are forwarded to it; it is stopped if the lease is lost, and dies with d
 	f.IntVarP(&o.conflict, "conflict-exit-code", "E", exitConflict, "exit code when the lock is not obtained (0-255)")
 	f.IntVar(&o.exitBase, "exit-code-base", 0, "move dlock's own exit codes to B..B+4 (1-"+strconv.Itoa(maxExitBase)+"), out of the command's range")
 	f.StringVar(&o.owner, "owner", "", "owner id (default: random); processes with the same id re-enter the lock")
-	f.DurationVar(&o.grace, "grace", 10*time.Second, "time between SIGTERM and SIGKILL when the lease is lost")
+	f.DurationVar(&o.grace, "grace", 10*time.Second, "time between SIGTERM and SIGKILL when the lease is lost; when Redis stops renewing it, SIGTERM comes this long (at most TTL/5) before the lease's end and SIGKILL at its end")
 	f.BoolVar(&o.read, "read", false, "take NAME as a read-write lock, to read: shared with other --read runs")
 	f.BoolVar(&o.write, "write", false, "take NAME as a read-write lock, to write: alone, excluding --read runs")
 	f.IntVar(&o.permits, "permits", 0, "take one permit of NAME as a semaphore of this many (at least 1): at most that many runs at once")
@@ -285,6 +285,15 @@ func (o *runOpts) run(stdout, stderr io.Writer) error {
 		go reapOrphans(cmd.Process.Pid, reaping)
 	}
 
+	// Renewals failing (Redis cut off): the command is stopped before the lease ends, SIGKILL
+	// coming at its end, so it never runs on past the lock into the next holder's run.
+	watching := make(chan struct{})
+	defer close(watching)
+	before := o.stopBefore()
+	ending := leaseEnding(lease, before, watching)
+	endingErr := func() error {
+		return fmt.Errorf("lease on %q not renewed by Redis (%v left of it)", name, before)
+	}
 	code := exitOK
 	for done := false; !done; {
 		select {
@@ -293,17 +302,28 @@ func (o *runOpts) run(stdout, stderr io.Writer) error {
 		case <-lease.Done():
 			// Said before the stop, which may take --grace: the reason comes first.
 			fmt.Fprintf(stderr, "dlock: error: lease on %q lost (%v); stopping the command\n", name, lease.Err())
-			stop(target, exited, o.grace)
+			stop(target, exited, o.grace, nil)
 			return quietErr{leaseLost{lease.Err()}}
+		case <-ending:
+			fmt.Fprintf(stderr, "dlock: error: %v; stopping the command (SIGKILL when the lease ends)\n", endingErr())
+			stop(target, exited, o.grace, lease.Done())
+			return quietErr{leaseLost{endingErr()}}
 		case err := <-exited:
 			code = exitCode(err)
 			done = true
 		}
 	}
-	if group && !waitGroup(target, lease, sigs) {
-		fmt.Fprintf(stderr, "dlock: error: lease on %q lost (%v) while the command's children ran; stopping them\n", name, lease.Err())
-		stop(target, leaderGone, o.grace)
-		return quietErr{leaseLost{lease.Err()}}
+	if group {
+		switch waitGroup(target, lease, ending, sigs) {
+		case groupLost:
+			fmt.Fprintf(stderr, "dlock: error: lease on %q lost (%v) while the command's children ran; stopping them\n", name, lease.Err())
+			stop(target, leaderGone, o.grace, nil)
+			return quietErr{leaseLost{lease.Err()}}
+		case groupEnding:
+			fmt.Fprintf(stderr, "dlock: error: %v while the command's children ran; stopping them (SIGKILL when the lease ends)\n", endingErr())
+			stop(target, leaderGone, o.grace, lease.Done())
+			return quietErr{leaseLost{endingErr()}}
+		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -501,14 +521,19 @@ func acquire(m locker, once bool, wait time.Duration, sigs <-chan os.Signal) (*d
 }
 
 // stop ends the command (its process group when target < 0): SIGTERM, then SIGKILL after
-// grace. A group is stopped whole: its leader exiting early does not spare a child that
-// ignored SIGTERM, which would otherwise run on without the lock.
-func stop(target int, exited <-chan error, grace time.Duration) {
+// grace, or when end closes if sooner (the lease's end). A group is stopped whole: its leader
+// exiting early does not spare a child that ignored SIGTERM, which would otherwise run on
+// without the lock.
+func stop(target int, exited <-chan error, grace time.Duration, end <-chan struct{}) {
 	_ = syscall.Kill(target, syscall.SIGTERM)
 	deadline := time.After(grace)
 	select {
 	case <-exited:
 	case <-deadline:
+		_ = syscall.Kill(target, syscall.SIGKILL)
+		<-exited
+		return
+	case <-end:
 		_ = syscall.Kill(target, syscall.SIGKILL)
 		<-exited
 		return
@@ -522,9 +547,43 @@ func stop(target int, exited <-chan error, grace time.Duration) {
 		case <-deadline:
 			_ = syscall.Kill(target, syscall.SIGKILL)
 			return
+		case <-end:
+			_ = syscall.Kill(target, syscall.SIGKILL)
+			return
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
+}
+
+// stopBefore is how long before the lease's end the command is told to stop when Redis does
+// not renew the lease: --grace, at most a fifth of the TTL (a healthy lease never has less
+// left than about half its TTL: renewals run every TTL/4, each trusted once the next one
+// succeeded; one failed renewal takes it to about a quarter).
+func (o *runOpts) stopBefore() time.Duration { return min(o.grace, o.ttl/5) }
+
+// leaseEnding returns a channel closed once lease, still held, has before or less left of it
+// (Redis has not renewed it for a while), looked at every hundredth of before (10 ms at least),
+// until done closes.
+func leaseEnding(lease *dlock.Lease, before time.Duration, done <-chan struct{}) <-chan struct{} {
+	ending := make(chan struct{})
+	go func() {
+		t := time.NewTicker(max(before/100, 10*time.Millisecond))
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-lease.Done():
+				return // lost: the caller sees Done
+			case <-t.C:
+				if lease.Remaining() <= before {
+					close(ending)
+					return
+				}
+			}
+		}
+	}()
+	return ending
 }
 
 // exitCode is the command's exit code, 128+signal if a signal ended it.

@@ -19,20 +19,32 @@ import (
 // waitGroup keeps the lease while the command's process group (target < 0) still has
 // members after the command itself exited: children it started in the background run on
 // under the lock, as a lock taken with flock stays held while a child keeps its descriptor.
-// Signals are forwarded to the group meanwhile. It reports false when the lease was lost
-// first (the caller stops the group).
-func waitGroup(target int, lease *dlock.Lease, sigs <-chan os.Signal) bool {
+// Signals are forwarded to the group meanwhile. It reports whether the group exited, or the
+// lease was lost or is ending unrenewed first (the caller stops the group).
+func waitGroup(target int, lease *dlock.Lease, ending <-chan struct{}, sigs <-chan os.Signal) groupEnd {
 	for groupAlive(target) {
 		select {
 		case sig := <-sigs:
 			_ = syscall.Kill(target, sig.(syscall.Signal))
 		case <-lease.Done():
-			return false
+			return groupLost
+		case <-ending:
+			return groupEnding
 		case <-time.After(20 * time.Millisecond): // no event tells when the last of a group exits
 		}
 	}
-	return true
+	return groupExited
 }
+
+// groupEnd is how waitGroup ended: the group exited, the lease was lost, or the lease is
+// ending unrenewed (leaseEnding).
+type groupEnd int
+
+const (
+	groupExited groupEnd = iota
+	groupLost
+	groupEnding
+)
 
 // groupAlive reports whether the process group (target < 0) has a member left. It first
 // reaps dlock's own exited children: the command's orphans, reparented to dlock (its

@@ -1,0 +1,124 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/redistest"
+)
+
+// cutProxy is a unix-socket proxy to the shared Redis that can be cut: every connection
+// closed and new ones refused, as a network partition between one host and Redis.
+type cutProxy struct {
+	ln    net.Listener
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func startCutProxy(t *testing.T) (*cutProxy, string) {
+	t.Helper()
+	srv := redistest.Shared(t)
+	sock := filepath.Join(t.TempDir(), "p.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &cutProxy{ln: ln}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial(srv.Network, srv.Addr)
+			if err != nil {
+				_ = c.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, c, up)
+			p.mu.Unlock()
+			go func() { _, _ = io.Copy(up, c); _ = up.Close() }()
+			go func() { _, _ = io.Copy(c, up); _ = c.Close() }()
+		}
+	}()
+	t.Cleanup(p.cut)
+	return p, "unix://" + sock
+}
+
+func (p *cutProxy) cut() {
+	_ = p.ln.Close()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		_ = c.Close()
+	}
+	p.conns = nil
+}
+
+// A run cut off from Redis (a partition: Redis is fine, other hosts reach it) stops its
+// command before its lease ends, SIGKILL coming at the lease's end at the latest, so the
+// command is gone when the lock expires and another host takes it; dlock exits with the lost
+// code. Found by review: SIGTERM came only at the lease's end and SIGKILL --grace after, so a
+// command slow to stop on SIGTERM ran on beside the next holder for up to --grace.
+func TestRunStopsTheCommandBeforeAnUnrenewedLeaseEnds(t *testing.T) {
+	name := uniqueName(t)
+	proxy, url := startCutProxy(t)
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	// The command takes its time on SIGTERM (a graceful shutdown), longer than the lease has.
+	script := `trap 'sleep 5; exit 0' TERM; ` + writePid("$$", pidFile) + `; while :; do sleep 0.01; done`
+	r := startBgRun(t, script, pidFile, "--redis", url, "--ttl", "2s", name)
+	t.Cleanup(func() { _ = syscall.Kill(-r.pid, syscall.SIGKILL) })
+	proxy.cut()
+
+	c := dlock.New(redistest.Client(t), dlock.WithoutCohort())
+	defer c.Close(context.Background())
+	// No event tells another host when the lock expires: it tries, as a cron job would.
+	var l *dlock.Lease
+	for deadline := time.Now().Add(15 * time.Second); l == nil; time.Sleep(5 * time.Millisecond) {
+		var err error
+		if l, err = c.Mutex(name).TryLock(context.Background()); err != nil && time.Now().After(deadline) {
+			t.Fatalf("the lock never came free after the partition: %v", err)
+		}
+	}
+	defer l.Unlock(context.Background())
+	if syscall.Kill(r.pid, 0) == nil {
+		t.Errorf("another host took the lock while the partitioned run's command still ran")
+	}
+	select {
+	case err := <-r.exited:
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != exitLost || !strings.Contains(r.out.String(), "not renewed") {
+			t.Errorf("dlock cut off from Redis: %v, %q; want exit %d saying the lease was not renewed", err, r.out.String(), exitLost)
+		}
+	case <-time.After(10 * time.Second):
+		t.Errorf("dlock has not exited 10 s after the lock was taken elsewhere: %q", r.out.String())
+	}
+}
+
+// The stop before an unrenewed lease's end comes at most a fifth of the TTL early: a healthy
+// lease has about half its TTL left at its lowest (renewed every TTL/4, each renewal trusted
+// once the next succeeded), so a healthy run is never stopped.
+func TestRunStopBeforeTheLeaseEnds(t *testing.T) {
+	for _, tc := range []struct{ grace, ttl, want time.Duration }{
+		{10 * time.Second, 30 * time.Second, 6 * time.Second},
+		{2 * time.Second, 30 * time.Second, 2 * time.Second},
+		{10 * time.Second, 2 * time.Second, 400 * time.Millisecond},
+		{0, 30 * time.Second, 0},
+	} {
+		o := runOpts{grace: tc.grace, ttl: tc.ttl}
+		if got := o.stopBefore(); got != tc.want {
+			t.Errorf("--grace %v --ttl %v: stop %v before the lease's end, want %v", tc.grace, tc.ttl, got, tc.want)
+		}
+	}
+}
