@@ -270,3 +270,15 @@ func TestRefusedByRedisIsNotUnreachable(t *testing.T) {
 		t.Errorf("user without scripting: exit %d, stdout %q, stderr %q; want %d naming NOPERM", code, out, errs, exitError)
 	}
 }
+
+// Error lines name the Redis URL without its password (they end up in cron mail, journald,
+// CI logs), whether the URL parses or not. Found by review.
+func TestErrorLinesMaskTheRedisPassword(t *testing.T) {
+	for _, u := range []string{"redis://admin:S3cretPw@127.0.0.1:1/0", "redis://admin:S3cretPw@127.0.0.1:1/0?dial_timeout=x",
+		"redis://:S3cretPw@127.0.0.1:1/0", "redis://S3cretPw@127.0.0.1:1/0"} {
+		code, _, errs := runDlock(t, "status", "--redis", u, "x")
+		if strings.Contains(errs, "S3cretPw") || !strings.Contains(errs, "127.0.0.1:1") {
+			t.Errorf("dlock status --redis %s: exit %d, stderr %q; want the URL named without its password", u, code, errs)
+		}
+	}
+}

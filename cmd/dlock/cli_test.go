@@ -379,6 +379,10 @@ func TestLatchCommand(t *testing.T) {
 	if code, _, errs := runDlock(t, "latch", "--wait", "100ms", "wait", name); code != exitConflict || !strings.Contains(errs, "not open") {
 		t.Fatalf("latch wait past --wait: exit %d %q", code, errs)
 	}
+	// --wait 0 looks once, as run --wait 0 tries once (found by review: it waited forever).
+	if code, _, errs := runDlock(t, "latch", "--wait", "0", "wait", name); code != exitConflict || !strings.Contains(errs, "not open (at 2)") {
+		t.Fatalf("latch wait --wait 0 of a counting latch: exit %d %q", code, errs)
+	}
 	waiter := dlockCmd(t, "latch", "--wait", "20s", "wait", name)
 	var wout bytes.Buffer
 	waiter.Stdout, waiter.Stderr = &wout, &wout
@@ -395,6 +399,9 @@ func TestLatchCommand(t *testing.T) {
 	}
 	if code, out, _ := runDlock(t, "latch", "status", name); code != 0 || !strings.Contains(out, "open") {
 		t.Fatalf("latch status once open: exit %d %q", code, out)
+	}
+	if code, out, errs := runDlock(t, "latch", "--wait", "0", "wait", name); code != 0 || !strings.Contains(out, "open") {
+		t.Fatalf("latch wait --wait 0 of an open latch: exit %d %q %q", code, out, errs)
 	}
 	for _, bad := range [][]string{{"set", name}, {"set", name, "0"}, {"down"}, {"frob", name}, {"wait", name, "x"}} {
 		if code, _, errs := runDlock(t, append([]string{"latch"}, bad...)...); code != exitUsage {
@@ -424,6 +431,13 @@ func TestRunMultiLock(t *testing.T) {
 	}
 	if code, out, errs := runDlock(t, "run", b, "--", "echo", "x", "--", "y"); code != 0 || strings.TrimSpace(out) != "x -- y" {
 		t.Fatalf("run NAME -- echo x -- y: exit %d, out %q, %s", code, out, errs)
+	}
+	// DLOCK_TOKENS lists name=token,...: a name of several with , or = would read as others
+	// (found by review).
+	for _, bad := range []string{"a,b", "a=b"} {
+		if code, _, errs := runDlock(t, "run", "--lock", bad, "--lock", a, "--", "true"); code != exitUsage || !strings.Contains(errs, bad) {
+			t.Errorf("run --lock %s --lock %s: exit %d %q, want %d naming it", bad, a, code, errs, exitUsage)
+		}
 	}
 }
 

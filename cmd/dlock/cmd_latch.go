@@ -50,10 +50,13 @@ with status before running down again, which would count again.`,
 		return nil, cobra.ShellCompDirectiveNoFileComp
 	}
 	c.Flags().DurationVar(&ttl, "ttl", dlock.DefaultLatchTTL, "set, down: an abandoned latch disappears this long after its last set or down")
-	c.Flags().DurationVarP(&wait, "wait", "w", 0, "wait: give up after this long (default: wait forever), exit 75")
-	c.RunE = func(_ *cobra.Command, args []string) error {
+	c.Flags().DurationVarP(&wait, "wait", "w", 0, "wait: give up after this long (default: wait forever; 0 looks once, as run --wait 0 tries once), exit 75")
+	c.RunE = func(c *cobra.Command, args []string) error {
 		if ttl <= 0 || wait < 0 {
 			return usageError{"--ttl must be positive and --wait not negative", ""}
+		}
+		if wait == 0 && c.Flags().Changed("wait") {
+			wait = lookOnce
 		}
 		return latch(stdout, common, args[0], args[1:], ttl, wait)
 	}
@@ -97,6 +100,17 @@ func latch(stdout io.Writer, common *commonFlags, op string, rest []string, ttl,
 	case "status":
 		return printCount(ctx, stdout, d)
 	case "wait":
+		if wait == lookOnce {
+			n, err := d.Count(ctx)
+			switch {
+			case err != nil:
+				return err
+			case n > 0:
+				return exitErr{exitConflict, fmt.Errorf("latch %q not open (at %d)", name, n)}
+			}
+			fmt.Fprintf(stdout, "latch %s open\n", name)
+			return nil
+		}
 		sigs := make(chan os.Signal, 1)
 		signal.Notify(sigs, forwarded...)
 		defer signal.Stop(sigs)
@@ -135,6 +149,9 @@ func latch(stdout io.Writer, common *commonFlags, op string, rest []string, ttl,
 	}
 	return nil
 }
+
+// lookOnce is latch wait's --wait 0: look whether the latch is open, without waiting.
+const lookOnce = time.Duration(-1)
 
 // printCount prints the latch's count, or that it is open.
 func printCount(ctx context.Context, stdout io.Writer, d *dlock.Latch) error {

@@ -124,6 +124,10 @@ func (o *runOpts) positional(c *cobra.Command, args []string) error {
 			return usageError{"run: empty lock name", example}
 		case slices.Contains(o.names[:i], n):
 			return usageError{fmt.Sprintf("run: lock %q given twice", n), "each --lock names another lock"}
+		case len(o.names) > 1 && strings.ContainsAny(n, ",="):
+			// DLOCK_NAME and DLOCK_TOKENS list the locks as name=token,...: one name with a
+			// comma would read as two.
+			return usageError{fmt.Sprintf("run: lock %q: a lock of several --lock may not contain , or =", n), "DLOCK_TOKENS lists them as name=token,name=token"}
 		}
 	}
 	if len(command) == 0 {
@@ -300,6 +304,13 @@ func (o *runOpts) run(stdout, stderr io.Writer) error {
 		case sig := <-sigs:
 			_ = syscall.Kill(target, sig.(syscall.Signal))
 		case <-lease.Done():
+			select {
+			case err := <-exited:
+				// The command had exited already: its own outcome (Unlock reports a loss).
+				code, done = exitCode(err), true
+				continue
+			default:
+			}
 			// Said before the stop, which may take --grace: the reason comes first.
 			fmt.Fprintf(stderr, "dlock: error: lease on %q lost (%v); stopping the command\n", name, lease.Err())
 			stop(target, exited, o.grace, nil)

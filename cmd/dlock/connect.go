@@ -53,7 +53,7 @@ func connect(flagURLs []string, throwaway bool) (*connection, error) {
 		rdb, err := openURL(url)
 		if err != nil {
 			c.close()
-			return nil, usageError{fmt.Sprintf("bad Redis URL %q: %v", url, err), urlHint}
+			return nil, usageError{scrub(url, fmt.Sprintf("bad Redis URL %q: %v", url, err)), urlHint}
 		}
 		c.masters = append(c.masters, rdb)
 	}
@@ -72,11 +72,30 @@ func connect(flagURLs []string, throwaway bool) (*connection, error) {
 // pingError says why Redis at url did not answer PING: a refusal (a wrong password, a user
 // without the permission) is not Redis being down, and exits with another code.
 func pingError(url string, err error) error {
+	at := scrub(url, url)
 	var reply redis.Error
 	if errors.As(err, &reply) && !strings.HasPrefix(reply.Error(), "LOADING") {
-		return hinted{fmt.Errorf("Redis at %s refused PING: %w", url, err), "check the user and password in the URL, and the user's ACL"}
+		return hinted{fmt.Errorf("Redis at %s refused PING: %w", at, err), "check the user and password in the URL, and the user's ACL"}
 	}
-	return hinted{unreachable{fmt.Errorf("cannot reach Redis at %s: %w", url, err)}, "check that Redis is running and the URL is right"}
+	return hinted{unreachable{fmt.Errorf("cannot reach Redis at %s: %w", at, err)}, "check that Redis is running and the URL is right"}
+}
+
+// scrub returns msg with the password of the Redis URL u masked (error lines end up in cron
+// mail, journald and CI logs), whether or not u parses.
+func scrub(u, msg string) string {
+	rest, ok := strings.CutPrefix(u[strings.Index(u, "://")+1:], "//")
+	if !ok {
+		return msg
+	}
+	userinfo, _, ok := strings.Cut(rest, "@")
+	if !ok || strings.Contains(userinfo, "/") {
+		return msg // no userinfo before the host
+	}
+	masked := "xxxxx" // a lone part is a password, as go-redis reads it
+	if user, _, ok := strings.Cut(userinfo, ":"); ok {
+		masked = user + ":xxxxx"
+	}
+	return strings.ReplaceAll(msg, userinfo+"@", masked+"@")
 }
 
 // client makes the dlock Client over the connection: a Redlock's when --redis was repeated.
