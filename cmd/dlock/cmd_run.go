@@ -37,7 +37,9 @@ children it left in the background keep the lock, as with flock). Several --lock
 
 Flags go anywhere before --; everything after -- is the command. The command sees
 DLOCK_NAME, DLOCK_TOKEN (the fencing token; DLOCK_TOKENS for several locks) and DLOCK_OWNER.
-Signals are forwarded to it; it is stopped if the lease is lost, and dies with dlock.`,
+Signals are forwarded to it (from a terminal, where it shares dlock's process group, Ctrl-C,
+Ctrl-\ and a hang-up reach it directly and are not passed on again; Ctrl-Z stops it with
+dlock); it is stopped if the lease is lost, and dies with dlock.`,
 		Example: `  dlock run --wait 0 --quiet nightly-cleanup -- /usr/local/bin/cleanup --all
   dlock run --permits 2 exports -- ./export-report
   dlock run --lock account:1 --lock account:2 -- ./transfer 1 2 100`,
@@ -265,6 +267,14 @@ func (o *runOpts) run(stdout, stderr io.Writer) error {
 			return fmt.Errorf("run: become the command's subreaper: %w", err)
 		}
 	}
+	// Ctrl-Z stops the terminal's foreground group: dlock alone when the command has a group
+	// of its own. Stopped, dlock renews nothing, so the command is stopped with it (caught
+	// from before the command starts, which may be the moment it comes).
+	tstp := make(chan os.Signal, 1)
+	if group {
+		signal.Notify(tstp, syscall.SIGTSTP)
+		defer signal.Stop(tstp)
+	}
 	started, exited := make(chan error, 1), make(chan error, 1)
 	go func() {
 		// Pdeathsig follows the thread that started the command: keep this goroutine on its
@@ -302,7 +312,18 @@ func (o *runOpts) run(stdout, stderr io.Writer) error {
 	for done := false; !done; {
 		select {
 		case sig := <-sigs:
+			if !group && fromTerminal[sig] {
+				// The command is in dlock's process group, the terminal's: it got this one
+				// itself (a second SIGINT would read as "force quit" to many commands).
+				continue
+			}
 			_ = syscall.Kill(target, sig.(syscall.Signal))
+		case <-tstp:
+			_ = syscall.Kill(target, syscall.SIGSTOP)
+			stopSelf() // until the shell's fg or bg
+			if lease.Remaining() > before {
+				_ = syscall.Kill(target, syscall.SIGCONT)
+			} // otherwise the lease is lost or ending: the next pass stops the command
 		case <-lease.Done():
 			select {
 			case err := <-exited:
@@ -488,6 +509,19 @@ type funcLocker struct {
 func (f funcLocker) Lock(ctx context.Context) (*dlock.Lease, error)    { return f.lock(ctx) }
 func (f funcLocker) TryLock(ctx context.Context) (*dlock.Lease, error) { return f.tryLock(ctx) }
 
+// stopSelf stops dlock (SIGSTOP) and returns once it is continued. The signal goes to this
+// thread: sent to the process, another thread may take it while this one runs on for a
+// moment, long enough to continue the command it has just stopped.
+func stopSelf() {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	_ = unix.Tgkill(unix.Getpid(), unix.Gettid(), unix.SIGSTOP)
+}
+
+// fromTerminal are the signals a terminal sends to its foreground process group, which a
+// command run from a terminal shares with dlock: dlock does not pass them on again.
+var fromTerminal = map[os.Signal]bool{syscall.SIGINT: true, syscall.SIGQUIT: true, syscall.SIGHUP: true}
+
 // forwarded are the signals dlock passes on to the command (and that end a wait for the lock).
 var forwarded = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT,
 	syscall.SIGUSR1, syscall.SIGUSR2}
@@ -537,6 +571,7 @@ func acquire(m locker, once bool, wait time.Duration, sigs <-chan os.Signal) (*d
 // without the lock.
 func stop(target int, exited <-chan error, grace time.Duration, end <-chan struct{}) {
 	_ = syscall.Kill(target, syscall.SIGTERM)
+	_ = syscall.Kill(target, syscall.SIGCONT) // a command stopped (Ctrl-Z) acts on it only when continued
 	deadline := time.After(grace)
 	select {
 	case <-exited:
