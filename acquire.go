@@ -41,6 +41,9 @@ const leaveTimeout = time.Second
 // lease obtained while ctx ended is given back. take runs with the context the observer gave;
 // the lease keeps the caller's.
 func (c *Client) lockWith(ctx context.Context, ref lockRef, a access, wait bool, bad error, take func(context.Context) (*Lease, error)) (*Lease, error) {
+	if ctx == nil {
+		return nil, nilContext("lock", ref.name)
+	}
 	if c.obs == nil {
 		if bad != nil {
 			return nil, bad

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -61,8 +62,10 @@ const CloseTimeout = 2 * time.Second
 
 // A Client makes locks on one Redis deployment. It owns the background work its leases share:
 // one renewer that batches every lease's watchdog renewal, and one notification connection
-// per Redis node for release wake-ups and lease-loss pushes. Create one per process and
-// share it; it is safe for concurrent use. Close it to stop that work.
+// per Redis node for release wake-ups and lease-loss pushes. Create one per process (with New
+// or NewRedlock: the zero Client, like the zero Mutex and other handles not made by a
+// Client's methods, is not usable) and share it; it is safe for concurrent use. Close it to
+// stop that work.
 type Client struct {
 	rdb redis.UniversalClient
 	cfg config
@@ -173,6 +176,9 @@ func newClient(rdb redis.UniversalClient, opts []Option) *Client {
 // the queue must pass a grant on, one second more (with go-redis, up to one more read
 // timeout). It returns the release errors, if any.
 func (c *Client) Close(ctx context.Context) error {
+	if ctx == nil {
+		ctx = context.Background() // Close must close: a nil ctx only means no deadline of its own
+	}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -392,6 +398,15 @@ func newOwnerID() string { return randomHex(16) }
 
 // isNil reports a nil client, including a typed nil pointer in the interface, whose methods
 // would panic.
+// isNilValue reports whether v is nil or a nil pointer (a typed nil in an interface).
+func isNilValue(v any) bool {
+	if v == nil {
+		return true
+	}
+	rv := reflect.ValueOf(v)
+	return rv.Kind() == reflect.Pointer && rv.IsNil()
+}
+
 func isNil(rdb redis.UniversalClient) bool {
 	switch r := rdb.(type) {
 	case nil:

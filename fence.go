@@ -19,8 +19,13 @@ import (
 // The resource is a hash {v: value, t: highest token}; read it with FencedGet. key may live
 // on any Redis, including one separate from the locks'. One round trip, one Lua script.
 func FencedSet(ctx context.Context, rdb redis.Scripter, key string, value any, token uint64) error {
-	if key == "" {
+	switch {
+	case key == "":
 		return fmt.Errorf("%w: empty fenced resource key", ErrInvalid)
+	case ctx == nil:
+		return nilContext("fenced set", key)
+	case isNilValue(rdb):
+		return fmt.Errorf("%w: fenced set %q: nil Redis client", ErrInvalid, key)
 	}
 	ok, err := scripts.FencedSet.Run(ctx, rdb, []string{key}, value, strconv.FormatUint(token, 10)).Int()
 	if err != nil {
@@ -35,6 +40,12 @@ func FencedSet(ctx context.Context, rdb redis.Scripter, key string, value any, t
 // FencedGet reads a resource written by FencedSet: its value and the highest token accepted.
 // A missing resource returns "", 0 and a nil error.
 func FencedGet(ctx context.Context, rdb redis.Cmdable, key string) (value string, token uint64, err error) {
+	switch {
+	case ctx == nil:
+		return "", 0, nilContext("fenced get", key)
+	case isNilValue(rdb):
+		return "", 0, fmt.Errorf("%w: fenced get %q: nil Redis client", ErrInvalid, key)
+	}
 	vals, err := rdb.HMGet(ctx, key, "v", "t").Result()
 	if err != nil {
 		return "", 0, fmt.Errorf("dlock: fenced get %q: %w", key, err)

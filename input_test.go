@@ -112,3 +112,73 @@ func TestLockTimeoutAlwaysSaysDeadlineExceeded(t *testing.T) {
 		}
 	}
 }
+
+// A nil context.Context is refused with ErrInvalid by every call that takes one, before
+// anything is touched: an Unlock(nil) leaves the lease held and releasable, an Extend(nil)
+// crashes nothing, and Close(nil) closes. Found by review: Close(nil) panicked holding the
+// Client's mutex (every later call blocked), Extend(nil) panicked on a goroutine of its own
+// (the process died), and Unlock(nil) panicked with the lease half-released: it looked held
+// until another Client took the lock.
+func TestNilContextIsRefused(t *testing.T) {
+	c, rdb := newClient(t)
+	ctx := ctxT(t)
+	name := redistest.Name(t)
+	var nilCtx context.Context
+	invalid := func(what string, err error) {
+		t.Helper()
+		if !errors.Is(err, dlock.ErrInvalid) || !strings.Contains(err.Error(), "nil Context") {
+			t.Errorf("%s with a nil ctx: %v, want ErrInvalid naming the nil Context", what, err)
+		}
+	}
+	_, err := c.Mutex(name).Lock(nilCtx)
+	invalid("Mutex.Lock", err)
+	_, err = c.Mutex(name).TryLock(nilCtx)
+	invalid("Mutex.TryLock", err)
+	_, err = c.RWMutex(name + "rw").RLock(nilCtx)
+	invalid("RWMutex.RLock", err)
+	_, err = c.MultiLock([]string{name + "a", name + "b"}).Lock(nilCtx)
+	invalid("MultiLock.Lock", err)
+	_, err = c.Semaphore(name+"s", 2).Acquire(nilCtx, 1)
+	invalid("Semaphore.Acquire", err)
+	_, err = c.Semaphore(name+"s", 2).Available(nilCtx)
+	invalid("Semaphore.Available", err)
+	d := c.Latch(name + "l")
+	_, err = d.TrySetCount(nilCtx, 1)
+	invalid("Latch.TrySetCount", err)
+	invalid("Latch.CountDown", d.CountDown(nilCtx))
+	_, err = d.Count(nilCtx)
+	invalid("Latch.Count", err)
+	invalid("Latch.Wait", d.Wait(nilCtx))
+	_, err = c.Inspect(nilCtx, name)
+	invalid("Inspect", err)
+	_, err = c.Locks(nilCtx, "*")
+	invalid("Locks", err)
+	_, err = c.ForceRelease(nilCtx, name)
+	invalid("ForceRelease", err)
+	invalid("FencedSet", dlock.FencedSet(nilCtx, rdb, name+"r", "v", 1))
+	_, _, err = dlock.FencedGet(nilCtx, rdb, name+"r")
+	invalid("FencedGet", err)
+	var nilRedis *redis.Client
+	if err := dlock.FencedSet(ctx, nilRedis, name+"r", "v", 1); !errors.Is(err, dlock.ErrInvalid) {
+		t.Errorf("FencedSet on a nil Redis client: %v, want ErrInvalid", err)
+	}
+
+	l, err := c.Mutex(name).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	invalid("Lease.Extend", l.Extend(nilCtx, time.Minute))
+	invalid("Lease.Unlock", l.Unlock(nilCtx))
+	if l.Err() != nil {
+		t.Fatalf("the lease after Unlock(nil): %v, want still held", l.Err())
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatalf("Unlock after Unlock(nil): %v", err)
+	}
+	if err := c.Close(nilCtx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Mutex(name).TryLock(ctx); !errors.Is(err, dlock.ErrClosed) {
+		t.Errorf("TryLock after Close(nil): %v, want ErrClosed", err)
+	}
+}

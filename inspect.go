@@ -58,6 +58,9 @@ type LockInfo struct {
 // it reads every master at once (see LockInfo.Masters) and returns the error only when fewer
 // than a quorum of them answered, with what the others said.
 func (c *Client) Inspect(ctx context.Context, name string) (LockInfo, error) {
+	if ctx == nil {
+		return LockInfo{}, nilContext("inspect", name)
+	}
 	if err := c.adminCheck(name); err != nil {
 		return LockInfo{}, err
 	}
@@ -122,6 +125,9 @@ func (c *Client) Inspect(ctx context.Context, name string) (LockInfo, error) {
 // free and forgotten is not listed. It uses SCAN (never KEYS), on every master of a Cluster.
 // A Redlock Client returns an error matching errors.ErrUnsupported.
 func (c *Client) Locks(ctx context.Context, pattern string) ([]LockInfo, error) {
+	if ctx == nil {
+		return nil, nilContext("list locks", pattern)
+	}
 	if err := join(c.unsupported("Locks"), c.err); err != nil {
 		return nil, err
 	}
@@ -175,8 +181,13 @@ func (c *Client) Locks(ctx context.Context, pattern string) ([]LockInfo, error) 
 // Lease ends as lost (Done closes, Err wraps ErrLeaseLost) once it notices, within a
 // millisecond when push loss detection is on. It reports whether the lock was held. On a
 // Redlock Client it breaks the lock on every master at once and reports whether any held it,
-// with the errors of those it could not reach.
+// with the errors of those it could not reach. It deletes whatever is at the name's key, as a
+// DEL would: a counting latch opens (its waiters are woken), and a value dlock did not write
+// (or one of another dlock version) is removed too.
 func (c *Client) ForceRelease(ctx context.Context, name string) (bool, error) {
+	if ctx == nil {
+		return false, nilContext("force release", name)
+	}
 	if err := c.adminCheck(name); err != nil {
 		return false, err
 	}

@@ -69,6 +69,9 @@ func (d *Latch) Name() string { return d.name }
 // Latch); an error matching ErrUnavailable means it gave up (ctx ended, the Client closed, or
 // half the op log's minute passed) and the latch may have been set.
 func (d *Latch) TrySetCount(ctx context.Context, count int) (bool, error) {
+	if ctx == nil {
+		return false, nilContext("set latch", d.name)
+	}
 	if d.err != nil {
 		return false, d.err
 	}
@@ -94,6 +97,9 @@ func (d *Latch) TrySetCount(ctx context.Context, count int) (bool, error) {
 // ended, the Client closed, or half the op log's minute passed) and the count may have gone
 // down: calling CountDown again then may count twice.
 func (d *Latch) CountDown(ctx context.Context) error {
+	if ctx == nil {
+		return nilContext("count down latch", d.name)
+	}
 	if d.err != nil {
 		return d.err
 	}
@@ -144,6 +150,9 @@ func (d *Latch) mayHaveRun(op string, err error) error {
 // ErrInvalid for a name used as a lock, and the Redis error (matching ErrUnavailable when
 // Redis gave no answer) if the read fails.
 func (d *Latch) Count(ctx context.Context) (int, error) {
+	if ctx == nil {
+		return 0, nilContext("read latch", d.name)
+	}
 	if d.err != nil {
 		return 0, d.err
 	}
@@ -185,6 +194,9 @@ func (d *Latch) count(ctx context.Context) (int, string, error) {
 // keeps trying, with backoff, as Mutex.Lock does. It returns ErrInvalid for a name used as a
 // lock, ErrClosed after Client.Close.
 func (d *Latch) Wait(ctx context.Context) error {
+	if ctx == nil {
+		return nilContext("wait for latch", d.name)
+	}
 	if d.err != nil {
 		return d.err
 	}

@@ -17,7 +17,8 @@ const (
 )
 
 // A Lease is one hold of a lock, returned by the lock calls of Mutex, RWMutex (a read or a
-// write lease) and MultiLock (a lease on every member). It stays valid until Unlock or until
+// write lease), MultiLock (a lease on every member) and Semaphore (a lease on permits); a
+// Lease made otherwise (the zero Lease) is not one and must not be used. It stays valid until Unlock or until
 // it is lost; Done tells which moment that is.
 //
 // A Lease is safe for concurrent use. Work protected by the lock should stop when Done closes
@@ -353,6 +354,9 @@ type reentryKey struct {
 
 // reentered returns the holding a Lock through ref re-enters with ctx, if any.
 func reentered(ctx context.Context, ref lockRef) *holding {
+	if ctx == nil {
+		return nil // refused by lockWith
+	}
 	hd, _ := ctx.Value(reentryKey{ref.c, ref.lock}).(*holding)
 	return hd
 }
@@ -413,7 +417,8 @@ func (l *Lease) TTL() time.Duration {
 // owner may rely on it), nor the lease's safe deadline, which becomes at least
 // send time + ttl × (1 − drift). If the owner no longer holds the lock the lease ends as lost
 // and Extend returns an error matching ErrNotHeld and ErrLeaseLost. A Redis error (matching
-// ErrUnavailable when Redis gave no answer) leaves the lease unchanged and is returned.
+// ErrUnavailable when Redis gave no answer) leaves the lease unchanged and is returned; a ttl
+// under a millisecond or a nil ctx is ErrInvalid.
 //
 // Unlike a watchdog renewal, which counts only once the next one succeeded, an Extend counts at
 // once: if the master dies, or turns out to have been demoted, before its replica got the
@@ -425,6 +430,9 @@ func (l *Lease) TTL() time.Duration {
 func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if l == nil {
 		return fmt.Errorf("%w: Extend of a nil Lease", ErrNotHeld)
+	}
+	if ctx == nil {
+		return nilContext("extend", l.ref.name)
 	}
 	if ttl < minTTL {
 		return fmt.Errorf("%w: extend TTL %v: must be at least %v", ErrInvalid, ttl, minTTL)
@@ -490,6 +498,9 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 func (l *Lease) Unlock(ctx context.Context) error {
 	if l == nil {
 		return fmt.Errorf("%w: Unlock of a nil Lease", ErrNotHeld)
+	}
+	if ctx == nil {
+		return nilContext("unlock", l.ref.name) // the lease is left as it was: Unlock again
 	}
 	c := l.ref.c
 	if c.obs == nil {

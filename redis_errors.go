@@ -95,6 +95,12 @@ func redisErr(op, name string, err error) error {
 	return fmt.Errorf("dlock: %s %q: %w", op, name, err)
 }
 
+// nilContext is the error of a call given a nil context.Context, answered before anything is
+// touched (a nil ctx would panic deep inside, possibly with a lease half-released).
+func nilContext(op, name string) error {
+	return fmt.Errorf("%w: %s %q: nil Context (use context.Background or context.TODO)", ErrInvalid, op, name)
+}
+
 // notObtained is the error of a caller that did not get the lock, joined with why (a ctx
 // error, a cause).
 func notObtained(name string, why ...error) error {

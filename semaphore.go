@@ -143,6 +143,9 @@ func (s *Semaphore) newCohort(key string, n int) *cohort {
 // held with another number of permits or a name held as a lock, and the Redis error (matching
 // ErrUnavailable when Redis gave no answer) if the read fails.
 func (s *Semaphore) Available(ctx context.Context) (int, error) {
+	if ctx == nil {
+		return 0, nilContext("read semaphore", s.name)
+	}
 	if s.err != nil {
 		return 0, s.err
 	}
