@@ -371,8 +371,10 @@ type lockRef struct {
 
 // Remaining returns how long the lease is certainly still held: its safe deadline (the send
 // time of the acquire, of the latest Extend or of the renewal before the latest one, + TTL ×
-// (1 − drift); between 1/2 and 3/4 of the TTL while renewals succeed) minus now, or 0 once the lease has
-// ended or the deadline has passed. A holder about to start a write that must finish under
+// (1 − drift); between 1/2 and 3/4 of the TTL while renewals succeed, except that a lease a
+// release handed over holds the grant's TTL, at most half a second, until its first renewal a
+// quarter of a second later) minus now, or 0 once the lease has ended or the deadline has
+// passed. A holder about to start a write that must finish under
 // the lock checks that Remaining exceeds the write's duration; beyond that, fencing tokens
 // protect the resource.
 func (l *Lease) Remaining() time.Duration {
@@ -494,13 +496,14 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 // returns that error (matching ErrUnavailable) and ends the lease locally (renewal stops, Done
 // closes); dlock keeps retrying the release in the background until Redis answers or the
 // lock's TTL has run out, and calling Unlock again retries it at once. A release is applied at
-// most once even when an earlier attempt succeeded but its reply was lost.
+// most once even when an earlier attempt succeeded but its reply was lost. A nil ctx is taken
+// as context.Background, as Close takes it.
 func (l *Lease) Unlock(ctx context.Context) error {
 	if l == nil {
 		return fmt.Errorf("%w: Unlock of a nil Lease", ErrNotHeld)
 	}
 	if ctx == nil {
-		return nilContext("unlock", l.ref.name) // the lease is left as it was: Unlock again
+		ctx = context.Background() // as Close: a `defer l.Unlock(nil)` must not keep the lock
 	}
 	c := l.ref.c
 	if c.obs == nil {

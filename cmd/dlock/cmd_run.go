@@ -62,7 +62,7 @@ dlock); it is stopped if the lease is lost, and dies with dlock.`,
 	f.IntVarP(&o.conflict, "conflict-exit-code", "E", exitConflict, "exit code when the lock is not obtained (0-255)")
 	f.IntVar(&o.exitBase, "exit-code-base", 0, "move dlock's own exit codes to B..B+4 (1-"+strconv.Itoa(maxExitBase)+"), out of the command's range")
 	f.StringVar(&o.owner, "owner", "", "owner id (default: random); processes with the same id re-enter the lock")
-	f.DurationVar(&o.grace, "grace", 10*time.Second, "time between SIGTERM and SIGKILL when the lease is lost; when Redis stops renewing it, SIGTERM comes this long (at most TTL/5) before the lease's end and SIGKILL at its end")
+	f.DurationVar(&o.grace, "grace", 10*time.Second, "time between SIGTERM and SIGKILL when the lease is lost; when Redis stops renewing it, SIGTERM comes this long (at most TTL/8) before the lease's end and SIGKILL at its end")
 	f.BoolVar(&o.read, "read", false, "take NAME as a read-write lock, to read: shared with other --read runs")
 	f.BoolVar(&o.write, "write", false, "take NAME as a read-write lock, to write: alone, excluding --read runs")
 	f.IntVar(&o.permits, "permits", 0, "take one permit of NAME as a semaphore of this many (at least 1): at most that many runs at once")
@@ -271,7 +271,9 @@ func (o *runOpts) run(stdout, stderr io.Writer) error {
 	// of its own. Stopped, dlock renews nothing, so the command is stopped with it (caught
 	// from before the command starts, which may be the moment it comes).
 	tstp := make(chan os.Signal, 1)
-	if group {
+	if group && (term.IsTerminal(int(os.Stdout.Fd())) || term.IsTerminal(int(os.Stderr.Fd()))) {
+		// Only at a terminal: elsewhere a SIGTSTP is a stray one (ignored by the kernel in an
+		// orphaned group), which must not turn into a stop of dlock and the command.
 		signal.Notify(tstp, syscall.SIGTSTP)
 		defer signal.Stop(tstp)
 	}
@@ -306,15 +308,15 @@ func (o *runOpts) run(stdout, stderr io.Writer) error {
 	before := o.stopBefore()
 	ending := leaseEnding(lease, before, watching)
 	endingErr := func() error {
-		return fmt.Errorf("lease on %q not renewed by Redis (%v left of it)", name, before)
+		return fmt.Errorf("lease on %q not renewed by Redis (%v left of it)", name, lease.Remaining().Round(time.Millisecond))
 	}
 	code := exitOK
 	for done := false; !done; {
 		select {
 		case sig := <-sigs:
-			if !group && fromTerminal[sig] {
-				// The command is in dlock's process group, the terminal's: it got this one
-				// itself (a second SIGINT would read as "force quit" to many commands).
+			if !group && fromTerminal[sig] && foreground() {
+				// The command is in dlock's process group, the terminal's foreground one: it
+				// got this one itself (a second SIGINT reads as "force quit" to many commands).
 				continue
 			}
 			_ = syscall.Kill(target, sig.(syscall.Signal))
@@ -337,6 +339,12 @@ func (o *runOpts) run(stdout, stderr io.Writer) error {
 			stop(target, exited, o.grace, nil)
 			return quietErr{leaseLost{lease.Err()}}
 		case <-ending:
+			select {
+			case err := <-exited: // the command had exited already: its own outcome
+				code, done = exitCode(err), true
+				continue
+			default:
+			}
 			fmt.Fprintf(stderr, "dlock: error: %v; stopping the command (SIGKILL when the lease ends)\n", endingErr())
 			stop(target, exited, o.grace, lease.Done())
 			return quietErr{leaseLost{endingErr()}}
@@ -518,6 +526,13 @@ func stopSelf() {
 	_ = unix.Tgkill(unix.Getpid(), unix.Gettid(), unix.SIGSTOP)
 }
 
+// foreground reports whether dlock's process group is its terminal's foreground group, which
+// the terminal's Ctrl-C, Ctrl-\ and hang-up reach (a background job's signals came from a kill).
+func foreground() bool {
+	pg, err := unix.IoctlGetInt(int(os.Stdin.Fd()), unix.TIOCGPGRP)
+	return err == nil && pg == unix.Getpgrp()
+}
+
 // fromTerminal are the signals a terminal sends to its foreground process group, which a
 // command run from a terminal shares with dlock: dlock does not pass them on again.
 var fromTerminal = map[os.Signal]bool{syscall.SIGINT: true, syscall.SIGQUIT: true, syscall.SIGHUP: true}
@@ -602,19 +617,23 @@ func stop(target int, exited <-chan error, grace time.Duration, end <-chan struc
 }
 
 // stopBefore is how long before the lease's end the command is told to stop when Redis does
-// not renew the lease: --grace, at most a fifth of the TTL (a healthy lease never has less
-// left than about half its TTL: renewals run every TTL/4, each trusted once the next one
-// succeeded; one failed renewal takes it to about a quarter).
-func (o *runOpts) stopBefore() time.Duration { return min(o.grace, o.ttl/5) }
+// not renew the lease: --grace, at most an eighth of the TTL. A healthy lease has about half
+// its TTL left at its lowest (renewals run every TTL/4, each trusted once the next one
+// succeeded), and a renewal that times out (after TTL/4) is retried with more than an eighth
+// left, so one slow renewal does not stop the command.
+func (o *runOpts) stopBefore() time.Duration { return min(o.grace, o.ttl/8) }
 
 // leaseEnding returns a channel closed once lease, still held, has before or less left of it
 // (Redis has not renewed it for a while), looked at every hundredth of before (10 ms at least),
-// until done closes.
+// until done closes. It watches only once the lease has been seen with more than before left,
+// or a second after it began: a lease handed over by a release starts with the grant's short
+// TTL (half a second) until its first renewal, a few hundred milliseconds later.
 func leaseEnding(lease *dlock.Lease, before time.Duration, done <-chan struct{}) <-chan struct{} {
 	ending := make(chan struct{})
 	go func() {
 		t := time.NewTicker(max(before/100, 10*time.Millisecond))
 		defer t.Stop()
+		armed, start := false, time.Now()
 		for {
 			select {
 			case <-done:
@@ -622,7 +641,10 @@ func leaseEnding(lease *dlock.Lease, before time.Duration, done <-chan struct{})
 			case <-lease.Done():
 				return // lost: the caller sees Done
 			case <-t.C:
-				if lease.Remaining() <= before {
+				switch left := lease.Remaining(); {
+				case left > before:
+					armed = true
+				case armed || time.Since(start) > time.Second:
 					close(ending)
 					return
 				}
