@@ -396,8 +396,6 @@ func (c *Client) nextHoldID() string {
 
 func newOwnerID() string { return randomHex(16) }
 
-// isNil reports a nil client, including a typed nil pointer in the interface, whose methods
-// would panic.
 // isNilValue reports whether v is nil or a nil pointer (a typed nil in an interface).
 func isNilValue(v any) bool {
 	if v == nil {
@@ -407,6 +405,8 @@ func isNilValue(v any) bool {
 	return rv.Kind() == reflect.Pointer && rv.IsNil()
 }
 
+// isNil reports a nil client, including a typed nil pointer in the interface, whose methods
+// would panic.
 func isNil(rdb redis.UniversalClient) bool {
 	switch r := rdb.(type) {
 	case nil:

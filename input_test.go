@@ -114,8 +114,8 @@ func TestLockTimeoutAlwaysSaysDeadlineExceeded(t *testing.T) {
 }
 
 // A nil context.Context is refused with ErrInvalid by every call that takes one, before
-// anything is touched: an Unlock(nil) leaves the lease held and releasable, an Extend(nil)
-// crashes nothing, and Close(nil) closes. Found by review: Close(nil) panicked holding the
+// anything is touched (an Extend(nil) crashes nothing), except Unlock and Close, which take
+// it as context.Background: Unlock(nil) unlocks, Close(nil) closes. Found by review: Close(nil) panicked holding the
 // Client's mutex (every later call blocked), Extend(nil) panicked on a goroutine of its own
 // (the process died), and Unlock(nil) panicked with the lease half-released: it looked held
 // until another Client took the lock.
@@ -168,12 +168,17 @@ func TestNilContextIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	invalid("Lease.Extend", l.Extend(nilCtx, time.Minute))
-	invalid("Lease.Unlock", l.Unlock(nilCtx))
 	if l.Err() != nil {
-		t.Fatalf("the lease after Unlock(nil): %v, want still held", l.Err())
+		t.Fatalf("the lease after Extend(nil): %v, want still held", l.Err())
 	}
-	if err := l.Unlock(ctx); err != nil {
-		t.Fatalf("Unlock after Unlock(nil): %v", err)
+	// Unlock(nil) unlocks, as Close(nil) closes: a `defer l.Unlock(nil)` must not keep the lock.
+	if err := l.Unlock(nilCtx); err != nil {
+		t.Fatalf("Unlock(nil): %v", err)
+	}
+	if l2, err := c.Mutex(name).TryLock(ctx); err != nil {
+		t.Fatalf("TryLock after Unlock(nil): %v", err)
+	} else {
+		_ = l2.Unlock(ctx)
 	}
 	if err := c.Close(nilCtx); err != nil {
 		t.Fatal(err)

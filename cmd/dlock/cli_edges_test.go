@@ -272,13 +272,32 @@ func TestRefusedByRedisIsNotUnreachable(t *testing.T) {
 }
 
 // Error lines name the Redis URL without its password (they end up in cron mail, journald,
-// CI logs), whether the URL parses or not. Found by review.
+// CI logs), whether the URL parses or not, wherever the password is. Found by review.
 func TestErrorLinesMaskTheRedisPassword(t *testing.T) {
-	for _, u := range []string{"redis://admin:S3cretPw@127.0.0.1:1/0", "redis://admin:S3cretPw@127.0.0.1:1/0?dial_timeout=x",
-		"redis://:S3cretPw@127.0.0.1:1/0", "redis://S3cretPw@127.0.0.1:1/0"} {
-		code, _, errs := runDlock(t, "status", "--redis", u, "x")
-		if strings.Contains(errs, "S3cretPw") || !strings.Contains(errs, "127.0.0.1:1") {
-			t.Errorf("dlock status --redis %s: exit %d, stderr %q; want the URL named without its password", u, code, errs)
+	for _, tc := range []struct {
+		url       string
+		showsHost bool
+	}{
+		{"redis://admin:S3cretPw@127.0.0.1:1/0", true},
+		{"redis://:S3cretPw@127.0.0.1:1/0", true},
+		{"redis://S3cretPw@127.0.0.1:1/0", true},
+		{"redis://admin:S3c@retPw@127.0.0.1:1/0", true},
+		{"redis://127.0.0.1:1/0?password=S3cretPw", false}, // go-redis refuses the option
+		{"redis://admin:S3cretPw@127.0.0.1:1/0?dial_timeout=x", false},
+		{"redis://admin:S3c/retPw@127.0.0.1:1/0", false},
+		{"redis://admin:S3c#retPw@127.0.0.1:1/0", false},
+		{`redis://admin:S3c"retPw@127.0.0.1:1/0`, false},
+		{"admin:S3cretPw@127.0.0.1:1", false},
+	} {
+		code, _, errs := runDlock(t, "status", "--redis", tc.url, "x")
+		for _, secret := range []string{"S3cretPw", "S3c", "retPw"} {
+			if strings.Contains(errs, secret) {
+				t.Errorf("dlock status --redis %s: exit %d, stderr %q shows (part of) the password", tc.url, code, errs)
+				break
+			}
+		}
+		if tc.showsHost && !strings.Contains(errs, "127.0.0.1:1") {
+			t.Errorf("dlock status --redis %s: stderr %q, want the URL's host named", tc.url, errs)
 		}
 	}
 }

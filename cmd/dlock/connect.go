@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"strings"
 	"time"
@@ -53,7 +54,7 @@ func connect(flagURLs []string, throwaway bool) (*connection, error) {
 		rdb, err := openURL(url)
 		if err != nil {
 			c.close()
-			return nil, usageError{scrub(url, fmt.Sprintf("bad Redis URL %q: %v", url, err)), urlHint}
+			return nil, usageError{fmt.Sprintf("bad Redis URL %q: %s", shownURL(url), urlErr(url, err)), urlHint}
 		}
 		c.masters = append(c.masters, rdb)
 	}
@@ -72,7 +73,7 @@ func connect(flagURLs []string, throwaway bool) (*connection, error) {
 // pingError says why Redis at url did not answer PING: a refusal (a wrong password, a user
 // without the permission) is not Redis being down, and exits with another code.
 func pingError(url string, err error) error {
-	at := scrub(url, url)
+	at := shownURL(url)
 	var reply redis.Error
 	if errors.As(err, &reply) && !strings.HasPrefix(reply.Error(), "LOADING") {
 		return hinted{fmt.Errorf("Redis at %s refused PING: %w", at, err), "check the user and password in the URL, and the user's ACL"}
@@ -80,22 +81,40 @@ func pingError(url string, err error) error {
 	return hinted{unreachable{fmt.Errorf("cannot reach Redis at %s: %w", at, err)}, "check that Redis is running and the URL is right"}
 }
 
-// scrub returns msg with the password of the Redis URL u masked (error lines end up in cron
-// mail, journald and CI logs), whether or not u parses.
-func scrub(u, msg string) string {
-	rest, ok := strings.CutPrefix(u[strings.Index(u, "://")+1:], "//")
-	if !ok {
-		return msg
+// shownURL is the Redis URL u as error lines show it (they reach cron mail, journald, CI
+// logs): its password and password options masked when it parses; otherwise only its scheme,
+// since what does not parse cannot be told apart from a password.
+func shownURL(u string) string {
+	p, err := url.Parse(u)
+	if err != nil || p.Scheme == "" || p.Opaque != "" {
+		scheme, _, ok := strings.Cut(u, "://")
+		if !ok || strings.ContainsAny(scheme, "@:/") {
+			return "(a URL that does not parse, not shown)"
+		}
+		return scheme + "://... (does not parse, not shown)"
 	}
-	userinfo, _, ok := strings.Cut(rest, "@")
-	if !ok || strings.Contains(userinfo, "/") {
-		return msg // no userinfo before the host
+	q := p.Query()
+	for k := range q {
+		if strings.Contains(strings.ToLower(k), "password") {
+			q.Set(k, "xxxxx")
+		}
 	}
-	masked := "xxxxx" // a lone part is a password, as go-redis reads it
-	if user, _, ok := strings.Cut(userinfo, ":"); ok {
-		masked = user + ":xxxxx"
+	p.RawQuery = q.Encode()
+	if p.User != nil {
+		if _, has := p.User.Password(); !has {
+			p.User = url.User("xxxxx") // a lone part may be the password
+		}
 	}
-	return strings.ReplaceAll(msg, userinfo+"@", masked+"@")
+	return p.Redacted()
+}
+
+// urlErr is err's text for a line about the Redis URL u: not shown when u may hold a password,
+// as parse errors quote parts of the URL.
+func urlErr(u string, err error) string {
+	if strings.Contains(u, "@") || strings.Contains(strings.ToLower(u), "password") {
+		return "(the parser's message is not shown: the URL may hold a password)"
+	}
+	return err.Error()
 }
 
 // client makes the dlock Client over the connection: a Redlock's when --redis was repeated.
