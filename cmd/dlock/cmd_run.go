@@ -306,7 +306,7 @@ func (o *runOpts) run(stdout, stderr io.Writer) error {
 	watching := make(chan struct{})
 	defer close(watching)
 	before := o.stopBefore()
-	ending := leaseEnding(lease, before, watching)
+	ending := leaseEnding(lease, before, max(before, o.ttl/2), watching)
 	endingErr := func() error {
 		return fmt.Errorf("lease on %q not renewed by Redis (%v left of it)", name, lease.Remaining().Round(time.Millisecond))
 	}
@@ -323,9 +323,14 @@ func (o *runOpts) run(stdout, stderr io.Writer) error {
 		case <-tstp:
 			_ = syscall.Kill(target, syscall.SIGSTOP)
 			stopSelf() // until the shell's fg or bg
-			if lease.Remaining() > before {
-				_ = syscall.Kill(target, syscall.SIGCONT)
-			} // otherwise the lease is lost or ending: the next pass stops the command
+			if lease.Remaining() <= before {
+				// Lost or ending while stopped: stop the command (stop continues it to act on
+				// SIGTERM), rather than leave it stopped on a lease that may renew again.
+				fmt.Fprintf(stderr, "dlock: error: %v; stopping the command (SIGKILL when the lease ends)\n", endingErr())
+				stop(target, exited, o.grace, lease.Done())
+				return quietErr{leaseLost{endingErr()}}
+			}
+			_ = syscall.Kill(target, syscall.SIGCONT)
 		case <-lease.Done():
 			select {
 			case err := <-exited:
@@ -625,10 +630,11 @@ func (o *runOpts) stopBefore() time.Duration { return min(o.grace, o.ttl/8) }
 
 // leaseEnding returns a channel closed once lease, still held, has before or less left of it
 // (Redis has not renewed it for a while), looked at every hundredth of before (10 ms at least),
-// until done closes. It watches only once the lease has been seen with more than before left,
-// or a second after it began: a lease handed over by a release starts with the grant's short
-// TTL (half a second) until its first renewal, a few hundred milliseconds later.
-func leaseEnding(lease *dlock.Lease, before time.Duration, done <-chan struct{}) <-chan struct{} {
+// until done closes. It watches only once the lease has been seen with more than armAbove left
+// (half the TTL at least, which run's TTL of a second or more puts above half a second), or a
+// second after it began: a lease handed over by a release starts with the grant's TTL, under
+// half a second, until its first renewal a quarter of a second later.
+func leaseEnding(lease *dlock.Lease, before, armAbove time.Duration, done <-chan struct{}) <-chan struct{} {
 	ending := make(chan struct{})
 	go func() {
 		t := time.NewTicker(max(before/100, 10*time.Millisecond))
@@ -642,8 +648,9 @@ func leaseEnding(lease *dlock.Lease, before time.Duration, done <-chan struct{})
 				return // lost: the caller sees Done
 			case <-t.C:
 				switch left := lease.Remaining(); {
-				case left > before:
+				case left > armAbove:
 					armed = true
+				case left > before:
 				case armed || time.Since(start) > time.Second:
 					close(ending)
 					return
