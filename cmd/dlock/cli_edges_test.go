@@ -288,6 +288,11 @@ func TestErrorLinesMaskTheRedisPassword(t *testing.T) {
 		{"redis://admin:S3c#retPw@127.0.0.1:1/0", false},
 		{`redis://admin:S3c"retPw@127.0.0.1:1/0`, false},
 		{"admin:S3cretPw@127.0.0.1:1", false},
+		// A password of digits and #, ? or / parses as a port and a fragment, query or path.
+		{"redis://:99#S3cretPw@127.0.0.1:1/0", false},
+		{"redis://:99?S3cretPw@127.0.0.1:1/0", false},
+		{"redis://:99/S3cretPw@127.0.0.1:1/0", false},
+		{"redis://admin:99#S3cretPw@127.0.0.1:1/0", false},
 	} {
 		code, _, errs := runDlock(t, "status", "--redis", tc.url, "x")
 		for _, secret := range []string{"S3cretPw", "S3c", "retPw"} {

@@ -82,16 +82,16 @@ func pingError(url string, err error) error {
 }
 
 // shownURL is the Redis URL u as error lines show it (they reach cron mail, journald, CI
-// logs): its password and password options masked when it parses; otherwise only its scheme,
+// logs): its password and password options masked when it parses plainly; otherwise only its scheme,
 // since what does not parse cannot be told apart from a password.
 func shownURL(u string) string {
 	p, err := url.Parse(u)
-	if err != nil || p.Scheme == "" || p.Opaque != "" {
+	if err != nil || p.Scheme == "" || p.Opaque != "" || misplacedAt(u) {
 		scheme, _, ok := strings.Cut(u, "://")
 		if !ok || strings.ContainsAny(scheme, "@:/") {
 			return "(a URL that does not parse, not shown)"
 		}
-		return scheme + "://... (does not parse, not shown)"
+		return scheme + "://... (not shown: it may hold a password)"
 	}
 	q := p.Query()
 	for k := range q {
@@ -108,9 +108,34 @@ func shownURL(u string) string {
 	return p.Redacted()
 }
 
+// misplacedAt says whether u parses with a fragment, or with an @ in its path or a query key:
+// what a password holding an unencoded #, ? or / becomes ("redis://:99#pw@host" is host ":99"
+// and fragment "pw@host"). Such a URL is refused, and error lines do not show it.
+func misplacedAt(u string) bool {
+	p, err := url.Parse(u)
+	if err != nil {
+		return false
+	}
+	if p.Fragment != "" || strings.HasSuffix(u, "#") || strings.Contains(p.EscapedPath(), "@") {
+		return true
+	}
+	for k := range p.Query() {
+		if strings.Contains(k, "@") {
+			return true
+		}
+	}
+	return false
+}
+
+// errMisplacedAt is openURL's error for a URL misplacedAt: it quotes nothing of the URL.
+var errMisplacedAt = errors.New("it has a # or an @ after the host: a password holding #, ? or / must be percent-encoded (%23, %3F, %2F)")
+
 // urlErr is err's text for a line about the Redis URL u: not shown when u may hold a password,
 // as parse errors quote parts of the URL.
 func urlErr(u string, err error) string {
+	if errors.Is(err, errMisplacedAt) {
+		return err.Error()
+	}
 	if strings.Contains(u, "@") || strings.Contains(strings.ToLower(u), "password") {
 		return "(the parser's message is not shown: the URL may hold a password)"
 	}
@@ -128,6 +153,9 @@ func (c *connection) client(opts ...dlock.Option) *dlock.Client {
 // openURL makes a client for a redis://, rediss://, unix://, redis+cluster:// or
 // redis+sentinel:// URL.
 func openURL(url string) (redis.UniversalClient, error) {
+	if misplacedAt(url) {
+		return nil, errMisplacedAt
+	}
 	switch {
 	case strings.HasPrefix(url, "redis+cluster://"), strings.HasPrefix(url, "rediss+cluster://"):
 		opt, err := redis.ParseClusterURL(strings.Replace(url, "+cluster", "", 1))
