@@ -122,6 +122,25 @@ func TestInvalidLockNamesAreUsageErrors(t *testing.T) {
 	}
 }
 
+// A Redis URL that can never work is a usage error naming what is wrong, not Redis being
+// down: a port out of range, a sentinel URL without the master's name, an empty URL, a
+// password with an unencoded # (which would parse as a port and a fragment).
+func TestBadRedisURLsAreUsageErrors(t *testing.T) {
+	for _, tc := range []struct{ url, says string }{
+		{"redis://127.0.0.1:99999", `port "99999" is not a number from 1 to 65535`},
+		{"redis://:pw@127.0.0.1:70000", `port "70000"`},
+		{"redis+cluster://127.0.0.1:1?addr=127.0.0.1:0", `port "0"`},
+		{"redis+sentinel://127.0.0.1:1", "needs ?master_name=NAME"},
+		{"", "it is empty"},
+		{"redis://:99#pw@127.0.0.1:1/0", "must be percent-encoded"},
+	} {
+		code, _, errs := runDlock(t, "status", "--redis", tc.url, "x")
+		if code != exitUsage || !strings.Contains(errs, tc.says) {
+			t.Errorf("dlock status --redis %q: exit %d, stderr %q; want exit %d saying %q", tc.url, code, errs, exitUsage, tc.says)
+		}
+	}
+}
+
 // With --exit-code-base B a usage error exits B+1 (run -h). It must not depend on whether the
 // bad flag came before or after --exit-code-base.
 func TestExitCodeBaseUsageCodeDoesNotDependOnFlagOrder(t *testing.T) {

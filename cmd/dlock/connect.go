@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -85,6 +86,9 @@ func pingError(url string, err error) error {
 // logs): its password and password options masked when it parses plainly; otherwise only its scheme,
 // since what does not parse cannot be told apart from a password.
 func shownURL(u string) string {
+	if u == "" {
+		return ""
+	}
 	p, err := url.Parse(u)
 	if err != nil || p.Scheme == "" || p.Opaque != "" || misplacedAt(u) {
 		scheme, _, ok := strings.Cut(u, "://")
@@ -127,13 +131,39 @@ func misplacedAt(u string) bool {
 	return false
 }
 
-// errMisplacedAt is openURL's error for a URL misplacedAt: it quotes nothing of the URL.
-var errMisplacedAt = errors.New("it has a # or an @ after the host: a password holding #, ? or / must be percent-encoded (%23, %3F, %2F)")
+// checkPorts refuses a port outside 1-65535 in u's host or its addr options (a cluster's or
+// sentinel's other nodes), which would otherwise be reported as Redis being unreachable.
+func checkPorts(u string) error {
+	p, err := url.Parse(u)
+	if err != nil {
+		return nil // the URL's parser says what is wrong
+	}
+	for _, hp := range append([]string{p.Host}, p.Query()["addr"]...) {
+		_, port, ok := strings.Cut(hp[strings.LastIndex(hp, "]")+1:], ":")
+		if !ok || port == "" {
+			continue
+		}
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			return urlProblem(fmt.Sprintf("port %q is not a number from 1 to 65535", port))
+		}
+	}
+	return nil
+}
+
+// A urlProblem is openURL's own word on a bad URL: it quotes no part of the URL that may be a
+// password, so error lines show it whole.
+type urlProblem string
+
+func (p urlProblem) Error() string { return string(p) }
+
+// errMisplacedAt is openURL's error for a URL misplacedAt.
+var errMisplacedAt = urlProblem("it has a # or an @ after the host: a password holding #, ? or / must be percent-encoded (%23, %3F, %2F)")
 
 // urlErr is err's text for a line about the Redis URL u: not shown when u may hold a password,
 // as parse errors quote parts of the URL.
 func urlErr(u string, err error) string {
-	if errors.Is(err, errMisplacedAt) {
+	var own urlProblem
+	if errors.As(err, &own) {
 		return err.Error()
 	}
 	if strings.Contains(u, "@") || strings.Contains(strings.ToLower(u), "password") {
@@ -153,8 +183,14 @@ func (c *connection) client(opts ...dlock.Option) *dlock.Client {
 // openURL makes a client for a redis://, rediss://, unix://, redis+cluster:// or
 // redis+sentinel:// URL.
 func openURL(url string) (redis.UniversalClient, error) {
+	if url == "" {
+		return nil, urlProblem("it is empty")
+	}
 	if misplacedAt(url) {
 		return nil, errMisplacedAt
+	}
+	if err := checkPorts(url); err != nil {
+		return nil, err
 	}
 	switch {
 	case strings.HasPrefix(url, "redis+cluster://"), strings.HasPrefix(url, "rediss+cluster://"):
@@ -167,6 +203,9 @@ func openURL(url string) (redis.UniversalClient, error) {
 		opt, err := redis.ParseFailoverURL(strings.Replace(url, "+sentinel", "", 1))
 		if err != nil {
 			return nil, err
+		}
+		if opt.MasterName == "" {
+			return nil, urlProblem("a redis+sentinel URL needs ?master_name=NAME, the name the sentinels monitor")
 		}
 		return redis.NewFailoverClient(opt), nil
 	}
