@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -323,5 +324,18 @@ func TestErrorLinesMaskTheRedisPassword(t *testing.T) {
 		if tc.showsHost && !strings.Contains(errs, "127.0.0.1:1") {
 			t.Errorf("dlock status --redis %s: stderr %q, want the URL's host named", tc.url, errs)
 		}
+	}
+}
+
+// A demo worker gets the Redis URL, which may hold a password, in its environment: argv is
+// shown by ps to every user.
+func TestDemoWorkersGetTheRedisURLOutsideArgv(t *testing.T) {
+	url := "redis://:S3cretPw@127.0.0.1:6379/0"
+	cmd := workerCmd("/bin/dlock", url, "--scenario", "tickets")
+	if strings.Contains(strings.Join(cmd.Args, " "), "S3cretPw") {
+		t.Errorf("worker argv %q shows the password", cmd.Args)
+	}
+	if !slices.Contains(cmd.Env, workerRedisEnv+"="+url) {
+		t.Errorf("worker environment lacks %s", workerRedisEnv)
 	}
 }

@@ -169,8 +169,7 @@ func runOnce(s *scenario, conn *connection, rdb redis.UniversalClient, run strin
 	var wg sync.WaitGroup
 	errs := make([]error, s.procs)
 	for p := 0; p < s.procs; p++ {
-		cmd := exec.Command(exe, workerCommand,
-			"--redis", conn.url, "--scenario", s.name, "--keys", string(keys),
+		cmd := workerCmd(exe, conn.url, "--scenario", s.name, "--keys", string(keys),
 			"--run", run, "--actors", strconv.Itoa(s.perProc),
 			"--proc", strconv.Itoa(p), "--start", strconv.FormatInt(start, 10))
 		wg.Add(1)
@@ -189,6 +188,14 @@ func runOnce(s *scenario, conn *connection, rdb redis.UniversalClient, run strin
 		return outcome{}, fmt.Errorf("demo %s: %w", s.name, err)
 	}
 	return s.outcome(ctx, rdb, keys, took)
+}
+
+// workerCmd is the command of one demo worker process with Redis at url: the URL goes in its
+// environment, not on its argv, where ps shows any password in it to every user.
+func workerCmd(exe, url string, args ...string) *exec.Cmd {
+	cmd := exec.Command(exe, append([]string{workerCommand}, args...)...)
+	cmd.Env = append(os.Environ(), workerRedisEnv+"="+url)
+	return cmd
 }
 
 // progress prints a line every second on stderr once a run has taken two seconds.

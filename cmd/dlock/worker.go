@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"os"
 	"sync"
 	"time"
 
@@ -96,9 +97,13 @@ func (w *worker) all(ctx context.Context, names []string, f func() error) (bool,
 // nestedWait bounds each lock wait of the nested-Mutexes run.
 const nestedWait = 50 * time.Millisecond
 
+// workerRedisEnv is the variable that gives a demo worker its Redis URL: the environment of
+// a process is readable by its user only, its argv by everyone.
+const workerRedisEnv = "DLOCK_DEMO_WORKER_REDIS"
+
 func runWorker(args []string) error {
 	fs := flag.NewFlagSet(workerCommand, flag.ContinueOnError)
-	url := fs.String("redis", "", "")
+	url := fs.String("redis", os.Getenv(workerRedisEnv), "")
 	name := fs.String("scenario", "", "")
 	keys := fs.String("keys", "", "")
 	run := fs.String("run", noLock, "")
