@@ -123,6 +123,17 @@ func TestRunFromATerminalPassesCtrlCOnce(t *testing.T) {
 // the stop to its own thread: sent to the process, another thread could take it while this
 // one continued the command it had just stopped (seen in about half the runs).
 func TestRunCtrlZStopsTheCommandToo(t *testing.T) {
+	// With the output at the terminal, and with it in a file: Ctrl-Z comes from the terminal
+	// either way.
+	for _, tc := range []struct{ name, redirect string }{
+		{"output at the terminal", "< /dev/null"},
+		{"output in a file", "< /dev/null > /dev/null 2>&1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) { ctrlZStopsTheCommandToo(t, tc.redirect) })
+	}
+}
+
+func ctrlZStopsTheCommandToo(t *testing.T, redirect string) {
 	name := uniqueName(t)
 	master, slave := openPTY(t)
 	var mu sync.Mutex
@@ -155,8 +166,8 @@ func TestRunCtrlZStopsTheCommandToo(t *testing.T) {
 	}
 	dir := t.TempDir()
 	beat, pidFile := filepath.Join(dir, "beat"), filepath.Join(dir, "pid")
-	line := fmt.Sprintf("env %s=1 REDIS_URL=%s %s %s run --ttl 2s %s -- sh -c '%s; while :; do date +%%s%%N > %s; sleep 0.05; done' < /dev/null\n",
-		asCLI, redistest.Shared(t).URL(), noRaceExitSleep, os.Args[0], name, writePid("$$", pidFile), beat)
+	line := fmt.Sprintf("env %s=1 REDIS_URL=%s %s %s run --ttl 2s %s -- sh -c '%s; while :; do date +%%s%%N > %s; sleep 0.05; done' %s\n",
+		asCLI, redistest.Shared(t).URL(), noRaceExitSleep, os.Args[0], name, writePid("$$", pidFile), beat, redirect)
 	if _, err := master.Write([]byte(line)); err != nil {
 		t.Fatal(err)
 	}

@@ -271,9 +271,10 @@ func (o *runOpts) run(stdout, stderr io.Writer) error {
 	// of its own. Stopped, dlock renews nothing, so the command is stopped with it (caught
 	// from before the command starts, which may be the moment it comes).
 	tstp := make(chan os.Signal, 1)
-	if group && (term.IsTerminal(int(os.Stdout.Fd())) || term.IsTerminal(int(os.Stderr.Fd()))) {
-		// Only at a terminal: elsewhere a SIGTSTP is a stray one (ignored by the kernel in an
-		// orphaned group), which must not turn into a stop of dlock and the command.
+	if group && controllingTerminal() {
+		// Only with a terminal to send it, whatever the redirections of dlock's own input and
+		// output: elsewhere a SIGTSTP is a stray one (ignored by the kernel in an orphaned
+		// group), which must not turn into a stop of dlock and the command.
 		signal.Notify(tstp, syscall.SIGTSTP)
 		defer signal.Stop(tstp)
 	}
@@ -529,6 +530,17 @@ func stopSelf() {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	_ = unix.Tgkill(unix.Getpid(), unix.Gettid(), unix.SIGSTOP)
+}
+
+// controllingTerminal reports whether dlock has a controlling terminal, whose Ctrl-Z may stop
+// it: /dev/tty opens only then.
+func controllingTerminal() bool {
+	f, err := os.OpenFile("/dev/tty", os.O_RDONLY|unix.O_NOCTTY, 0)
+	if err != nil {
+		return false
+	}
+	_ = f.Close()
+	return true
 }
 
 // foreground reports whether dlock's process group is its terminal's foreground group, which
