@@ -13,12 +13,12 @@ const layoutVersion = "2"
 
 // keys holds the Redis names of one lock. All of them carry the hash tag {name}, so every
 // script touches a single Redis Cluster slot. A lock that is free and unwaited for leaves none
-// of them behind for long: the lock hash goes with the last hold, the fence key once the
-// server's clock has passed its value (microseconds later), the op log and queue keys after
-// opLogTTL and queueTTL without use.
+// of them behind for long: the lock hash goes with the last hold, the fence key opLogTTL after
+// the server's clock has passed its value, the op log and queue keys after opLogTTL and
+// queueTTL without use.
 type keys struct {
 	lock    string // hash {owner: holdCount, "#"+holdId: 1, "#t": token, "#v": layout} with the lease TTL
-	fence   string // highest token reserved, at least Redis' clock in µs; expires once the clock passes it
+	fence   string // highest token reserved, at least Redis' clock in µs; expires opLogTTL after the clock passes it
 	opLog   string // last release id and pending grant per owner, so retried calls are not applied twice
 	queue   string // sorted set of waiting owners by arrival: first come first served
 	live    string // hash {waiting owner: liveness deadline}, so dead waiters are skipped

@@ -381,6 +381,7 @@ func (c *Client) takeTogether(ctx context.Context, specs []holdSpec, taken []*ho
 	for _, id := range ids {
 		args = append(args, id)
 	}
+	args = append(args, opLogTTL.Milliseconds())
 	sent := c.now()
 	dropAll := func() {
 		refs := make([]holdRef, len(idx))

@@ -257,7 +257,7 @@ func TestMultiAcquireResendWithALaterMemberTaken(t *testing.T) {
 func multiAcquire(t *testing.T, rdb *redis.Client, a, b lockNames, idA, idB string) []int64 {
 	t.Helper()
 	res, err := scripts.MultiAcquire.Run(context.Background(), rdb, []string{a.lock, a.fence, a.queue, a.log, b.lock, b.fence, b.queue, b.log},
-		"owner-1", 30000, idA, idB).Int64Slice()
+		"owner-1", 30000, idA, idB, 60000).Int64Slice()
 	if err != nil {
 		t.Fatal(err)
 	}

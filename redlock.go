@@ -535,7 +535,7 @@ func (t *redlockTake) raiseFence(ctx context.Context) (uint64, error) {
 		}
 	}
 	_, rerrs := t.onMasters(ctx, low, "raising its fencing token", func(ctx context.Context, n *Client) (uint64, error) {
-		return 0, scripts.FenceFloor.Run(ctx, n.rdb, []string{t.s.keys.fence}, strconv.FormatUint(last, 10)).Err()
+		return 0, scripts.FenceFloor.Run(ctx, n.rdb, []string{t.s.keys.fence}, strconv.FormatUint(last, 10), opLogTTL.Milliseconds()).Err()
 	})
 	errs = append(errs, rerrs...)
 	n := 0

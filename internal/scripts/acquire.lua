@@ -109,7 +109,7 @@ local function let_in(token)
 end
 
 local function fresh()
-  local token = reserve_block(KEYS[2])
+  local token = reserve_block(KEYS[2], ARGV[4])
   hold_lock(KEYS[1], owner, mark, token, ARGV[2], mode, sem)
   let_in(token)
   return holds(token, 1)

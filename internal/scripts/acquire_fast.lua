@@ -17,7 +17,7 @@ local function acquire_fast()
   if log[1] or log[3] or (log[2] and (' ' .. log[2] .. ' '):find(' ' .. id .. ' ', 1, true)) then
     return nil
   end
-  local token = reserve_block(KEYS[2])
+  local token = reserve_block(KEYS[2], ARGV[4])
   hold_lock(KEYS[1], owner, '#' .. id, token, ARGV[2], mode, nil)
   return {1, token, 1, 0}
 end

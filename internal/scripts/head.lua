@@ -33,13 +33,15 @@ end
 
 -- reserve_block reserves the next BLOCK fencing tokens and returns the first of them.
 --
--- Tokens are never below the server's clock in microseconds, and the fence key expires once
--- that clock has passed every token it handed out. So a lock that is free leaves no key behind,
--- and a block reserved after the key expired (or after a restart that lost it) still starts
--- above every earlier token, as long as the server's clock does not step back. PXAT is
--- checked against the server's clock in ms: the key is gone only when now_ms > floor(v/1000)
--- + 1, that is once the clock in microseconds is above v.
-local function reserve_block(k_fence)
+-- Tokens are never below the server's clock in microseconds, and the fence key expires keep_ms
+-- (the op log's window) after that clock has passed every token it handed out. So a lock that
+-- is free leaves no key behind once the op log's window has passed, and a block reserved after
+-- the key expired (or after a restart that lost it) still starts above every earlier token, as
+-- long as the server's clock does not step back. The key outlives its value so that a failover
+-- to a replica whose clock is behind the old master's (by less than keep_ms) finds the counter
+-- replicated and keeps tokens rising. PXAT is checked against the server's clock in ms: the
+-- key is gone only when now_ms > floor(v/1000) + 1 + keep_ms.
+local function reserve_block(k_fence, keep_ms)
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
   local v = tonumber(redis.call('GET', k_fence) or '0') or 0
@@ -48,7 +50,7 @@ local function reserve_block(k_fence)
   end
   local first = v + 1
   v = v + BLOCK
-  redis.call('SET', k_fence, string.format('%d', v), 'PXAT', string.format('%d', math.floor(v / 1000) + 1))
+  redis.call('SET', k_fence, string.format('%d', v), 'PXAT', string.format('%d', math.floor(v / 1000) + 1 + tonumber(keep_ms)))
   return first
 end
 

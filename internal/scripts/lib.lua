@@ -344,7 +344,7 @@ local function grant(k_lock, k_fence, k_log, k_queue, k_live, head, grace, log_t
   if sem then
     mode = 'r'
   end
-  local token = reserve_block(k_fence)
+  local token = reserve_block(k_fence, log_ttl)
   local t = string.format('%d', token)
   local mark, rec, ttl = pending_hold(k_log, head, grace)
   if not mark then

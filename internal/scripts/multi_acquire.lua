@@ -8,6 +8,7 @@
 -- ARGV[1] owner id
 -- ARGV[2] lease TTL in ms
 -- ARGV[2 + i] hold id of member i
+-- ARGV[3 + n] op log TTL in ms (how long a fence key outlives its value: see reserve_block)
 --
 -- Returns {1, token_1, ..., token_n} when the caller now holds every member, each a fresh
 -- hold with a token block of its own, or when a retry of this call finds every member held
@@ -62,7 +63,7 @@ elseif verdict then
   return verdict
 end
 for i = 1, n do
-  local token = reserve_block(KEYS[4 * i - 2])
+  local token = reserve_block(KEYS[4 * i - 2], ARGV[3 + n])
   hold_lock(KEYS[4 * i - 3], owner, '#' .. ARGV[2 + i], token, ttl, '')
   tokens[i + 1] = token
 end
