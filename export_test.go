@@ -154,3 +154,11 @@ func SetTestScriptRunner(f func(redis.UniversalClient) ScriptRunner) { testRunne
 // tests that inject faults into go-redis (hooks that lose or delay replies, a closed client),
 // which a script runner would not pass through. dlockrueidis tests its own transport faults.
 func OnGoRedis() Option { return func(c *config) { c.onGoRedis = true } }
+
+// SetIdleChannelAfter shortens how long an unused release channel stays subscribed, for
+// notifiers started during the test.
+func SetIdleChannelAfter(t interface{ Cleanup(func()) }, d time.Duration) {
+	old := idleChannelAfter
+	idleChannelAfter = d
+	t.Cleanup(func() { idleChannelAfter = old })
+}

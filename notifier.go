@@ -23,13 +23,16 @@ const (
 	// is reported within about a second.
 	healthInterval    = 400 * time.Millisecond
 	confirmTimeout    = 300 * time.Millisecond // how long a waiter waits for SUBSCRIBE to be confirmed (then it polls)
-	idleChannelAfter  = 10 * time.Second       // unused release channels are unsubscribed after this
 	trackerTimeout    = 2 * time.Second        // bound on one tracking or confirming round trip
 	trackDelay        = 2 * time.Millisecond   // a new hold's key is read (tracked) this long after it is taken
 	recheckDelay      = 100 * time.Millisecond
 	maxReceiveBackoff = 2 * time.Second
 	minRehomeGap      = 500 * time.Millisecond // a node's connections are re-dialled at most this often
 )
+
+// idleChannelAfter: unused release channels are unsubscribed after this (a variable for tests;
+// read when a notifier starts).
+var idleChannelAfter = 10 * time.Second
 
 // notifier owns the notification connections a Client keeps per Redis node. It serves two
 // jobs:
@@ -228,14 +231,12 @@ func (n *notifier) rehome(why string) {
 	chans := make([]string, 0, len(n.chans))
 	for ch, cs := range n.chans {
 		chans = append(chans, ch)
-		if cs.confirmed {
-			cs.confirmed, cs.ready = false, make(chan struct{})
-		}
+		lapse(cs)
 	}
 	n.mu.Unlock()
 	if len(chans) > 0 && !n.noPubSubNow() {
 		if n.sharded {
-			_ = n.ps.SSubscribe(n.psCtx, chans...)
+			n.shardSubscribe(true, chans)
 		} else {
 			_ = n.ps.Subscribe(n.psCtx, chans...)
 		}
@@ -315,22 +316,40 @@ func (n *notifier) unconfirmAll() {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for _, cs := range n.chans {
-		if cs.confirmed {
-			cs.confirmed, cs.ready = false, make(chan struct{})
-		}
+		lapse(cs)
+	}
+}
+
+// lapse marks a confirmed channel as not subscribed yet on a new connection (n.mu).
+func lapse(cs *channelState) {
+	if cs.confirmed {
+		cs.confirmed, cs.lapsed, cs.ready = false, true, make(chan struct{})
 	}
 }
 
 // reconnected runs when a new pub/sub connection receives invalidations: messages may have
 // been missed while there was none, so every waiter retries and every watched key is read
-// again (which re-arms tracking, redirected to the new connection).
+// again (which re-arms tracking, redirected to the new connection). On a Cluster the lock
+// channels are subscribed again here, slot by slot: go-redis re-subscribes them in one
+// SSUBSCRIBE, which the node refuses (CROSSSLOT) when they are on two slots or more. Their
+// waiters wake once more on the new confirmation.
 func (n *notifier) reconnected() {
 	n.mu.Lock()
 	n.recheckAll = true
-	for _, cs := range n.chans {
+	var again []string
+	for ch, cs := range n.chans {
 		wakeAll(cs)
+		if n.sharded {
+			again = append(again, ch)
+			lapse(cs)
+		}
 	}
 	n.mu.Unlock()
+	if len(again) > 0 {
+		n.psMu.Lock()
+		n.shardSubscribe(true, again)
+		n.psMu.Unlock()
+	}
 	n.poke()
 }
 
@@ -339,6 +358,17 @@ func (n *notifier) poke() {
 	case n.kick <- struct{}{}:
 	default:
 	}
+}
+
+// isShardRefusal reports whether err is a Cluster node's refusal of a shard channel command:
+// CROSSSLOT, MOVED or ASK.
+func isShardRefusal(err error) bool {
+	var reply redis.Error
+	if !errors.As(err, &reply) {
+		return false
+	}
+	msg := reply.Error()
+	return strings.HasPrefix(msg, "CROSSSLOT") || strings.HasPrefix(msg, "MOVED") || strings.HasPrefix(msg, "ASK")
 }
 
 // receiveLoop reads the pub/sub connection: confirmations, wake-ups and invalidations. An idle
@@ -375,6 +405,12 @@ func (n *notifier) receiveLoop() {
 				continue
 			case isNoPerm(err) && strings.Contains(err.Error(), "channel"):
 				n.refuse(&n.noPubSub, "SUBSCRIBE", err)
+				continue
+			case n.sharded && isShardRefusal(err):
+				// A node's answer to an (S)SUBSCRIBE or SUNSUBSCRIBE it does not serve: go-redis's
+				// own re-subscription of channels on several slots (subscribed again slot by slot
+				// in reconnected), a channel whose slot moved away (its waiters' next attempt
+				// finds the new master). The connection is fine.
 				continue
 			}
 			if _, now, _ := n.current(); now != ps {

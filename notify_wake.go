@@ -12,6 +12,7 @@ import (
 type channelState struct {
 	refs      int
 	confirmed bool
+	lapsed    bool                     // was confirmed on a connection since replaced: its waiters wake on the new confirmation
 	ready     chan struct{}            // closed when SUBSCRIBE is confirmed
 	waiters   map[*subscription]string // the waiters, with their owner ids
 	idleSince time.Time
@@ -113,15 +114,26 @@ func (n *notifier) released(channel, payload string) {
 // retry at once; the retry reaches the slot's new master and subscribes there.
 func (n *notifier) dropped(channel string) {
 	n.mu.Lock()
-	defer n.mu.Unlock()
 	cs := n.chans[channel]
 	if cs == nil || !cs.confirmed {
+		n.mu.Unlock()
 		return // our own SUNSUBSCRIBE of an idle channel, or one not subscribed yet
 	}
 	// Detached: its subscriptions close on it, and a later waiter here subscribes afresh
 	// (the slot may come back, a failback).
 	delete(n.chans, channel)
 	wakeAll(cs)
+	n.mu.Unlock()
+	// go-redis keeps the channel in its list, which it subscribes again after every reconnect:
+	// take it out, unless a waiter subscribed it afresh meanwhile (psMu orders the two).
+	n.psMu.Lock()
+	defer n.psMu.Unlock()
+	n.mu.Lock()
+	again := n.chans[channel] != nil
+	n.mu.Unlock()
+	if !again {
+		_ = n.ps.SUnsubscribe(n.psCtx, channel) // the node may answer MOVED: it is not ours any more
+	}
 }
 
 func (n *notifier) confirm(channel string) {
@@ -130,6 +142,30 @@ func (n *notifier) confirm(channel string) {
 	if cs := n.chans[channel]; cs != nil && !cs.confirmed {
 		cs.confirmed = true
 		close(cs.ready)
+		if cs.lapsed {
+			// Subscribed again on a new connection: a release between the waiters' last
+			// attempt and now was not heard, so they attempt once more.
+			cs.lapsed = false
+			wakeAll(cs)
+		}
+	}
+}
+
+// shardSubscribe sends SSUBSCRIBE (or SUNSUBSCRIBE, when !on) for chans, one command per hash
+// slot: a Cluster node refuses one that names channels of two slots (CROSSSLOT), leaving every
+// channel of it as it was. The caller holds psMu.
+func (n *notifier) shardSubscribe(on bool, chans []string) {
+	bySlot := make(map[int][]string)
+	for _, ch := range chans {
+		s := keySlot(ch)
+		bySlot[s] = append(bySlot[s], ch)
+	}
+	for _, group := range bySlot {
+		if on {
+			_ = n.ps.SSubscribe(n.psCtx, group...) // a failure shows up as a missing confirmation
+		} else {
+			_ = n.ps.SUnsubscribe(n.psCtx, group...)
+		}
 	}
 }
 
@@ -294,7 +330,7 @@ func (n *notifier) unsubscribeIdle() {
 	n.mu.Unlock()
 	if len(idle) > 0 {
 		if n.sharded {
-			_ = n.ps.SUnsubscribe(n.psCtx, idle...)
+			n.shardSubscribe(false, idle)
 		} else {
 			_ = n.ps.Unsubscribe(n.psCtx, idle...)
 		}
