@@ -29,7 +29,7 @@ func FencedSet(ctx context.Context, rdb redis.Scripter, key string, value any, t
 	}
 	ok, err := scripts.FencedSet.Run(ctx, rdb, []string{key}, value, strconv.FormatUint(token, 10)).Int()
 	if err != nil {
-		return fmt.Errorf("dlock: fenced set %q: %w", key, err)
+		return redisErr("fenced set", key, err)
 	}
 	if ok == 0 {
 		return fmt.Errorf("%w: %q refused token %d", ErrStaleToken, key, token)
@@ -48,7 +48,7 @@ func FencedGet(ctx context.Context, rdb redis.Cmdable, key string) (value string
 	}
 	vals, err := rdb.HMGet(ctx, key, "v", "t").Result()
 	if err != nil {
-		return "", 0, fmt.Errorf("dlock: fenced get %q: %w", key, err)
+		return "", 0, redisErr("fenced get", key, err)
 	}
 	if vals[1] == nil {
 		return "", 0, nil

@@ -2,7 +2,6 @@ package dlock
 
 import (
 	"context"
-	"fmt"
 	"sort"
 	"strconv"
 	"strings"
@@ -140,7 +139,10 @@ func (c *Client) Locks(ctx context.Context, pattern string) ([]LockInfo, error) 
 	scan := func(ctx context.Context, node redis.Cmdable) error {
 		iter := node.Scan(ctx, 0, match, 1000).Iterator()
 		for iter.Next(ctx) {
-			if name, ok := lockName(prefix, iter.Val()); ok {
+			// The match is wider than the pattern: names may hold "}" ("a}b" has the key
+			// P{a}b}, which P{a}* matches), and a key that only looks like dlock's names no
+			// lock (P{}).
+			if name, ok := lockName(prefix, iter.Val()); ok && validateName(name) == nil && globMatch(pattern, name) {
 				seen[name] = true
 			}
 		}
@@ -158,7 +160,7 @@ func (c *Client) Locks(ctx context.Context, pattern string) ([]LockInfo, error) 
 		err = scan(ctx, c.rdb)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("dlock: list locks: %w", err)
+		return nil, redisErr("list locks", pattern, err)
 	}
 	names := make([]string, 0, len(seen))
 	for n := range seen {
@@ -226,6 +228,79 @@ func lockName(prefix, key string) (string, bool) {
 		}
 	}
 	return "", false
+}
+
+// globMatch reports whether s matches the glob pattern as Redis's SCAN MATCH has it: * any
+// run of bytes, ? one byte, [abc], [^abc] and [a-z] a byte of (or not of) the set, \x the byte
+// x itself.
+func globMatch(pattern, s string) bool {
+	for len(pattern) > 0 {
+		switch pattern[0] {
+		case '*':
+			for len(pattern) > 1 && pattern[1] == '*' {
+				pattern = pattern[1:]
+			}
+			if len(pattern) == 1 {
+				return true
+			}
+			for i := 0; i <= len(s); i++ {
+				if globMatch(pattern[1:], s[i:]) {
+					return true
+				}
+			}
+			return false
+		case '?':
+			if len(s) == 0 {
+				return false
+			}
+			pattern, s = pattern[1:], s[1:]
+		case '[':
+			if len(s) == 0 {
+				return false
+			}
+			p := pattern[1:]
+			not := len(p) > 0 && p[0] == '^'
+			if not {
+				p = p[1:]
+			}
+			hit := false
+			for len(p) > 0 && p[0] != ']' {
+				switch {
+				case p[0] == '\\' && len(p) > 1:
+					hit = hit || p[1] == s[0]
+					p = p[2:]
+				case len(p) > 2 && p[1] == '-' && p[2] != ']':
+					lo, hi := p[0], p[2]
+					if lo > hi {
+						lo, hi = hi, lo
+					}
+					hit = hit || (s[0] >= lo && s[0] <= hi)
+					p = p[3:]
+				default:
+					hit = hit || p[0] == s[0]
+					p = p[1:]
+				}
+			}
+			if len(p) > 0 {
+				p = p[1:] // the closing ]
+			}
+			if hit == not {
+				return false
+			}
+			pattern, s = p, s[1:]
+		case '\\':
+			if len(pattern) > 1 {
+				pattern = pattern[1:]
+			}
+			fallthrough
+		default:
+			if len(s) == 0 || pattern[0] != s[0] {
+				return false
+			}
+			pattern, s = pattern[1:], s[1:]
+		}
+	}
+	return len(s) == 0
 }
 
 // globEscape escapes the glob metacharacters of a literal for SCAN MATCH.
