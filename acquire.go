@@ -42,7 +42,10 @@ const leaveTimeout = time.Second
 // the lease keeps the caller's.
 func (c *Client) lockWith(ctx context.Context, ref lockRef, a access, wait bool, bad error, take func(context.Context) (*Lease, error)) (*Lease, error) {
 	if ctx == nil {
-		return nil, nilContext("lock", ref.name)
+		if bad == nil {
+			bad = nilContext("lock", ref.name)
+		}
+		ctx = context.Background() // only for the observer: the call takes nothing
 	}
 	if c.obs == nil {
 		if bad != nil {
@@ -63,7 +66,16 @@ func (c *Client) lockWith(ctx context.Context, ref lockRef, a access, wait bool,
 		l.lockCx = ctx // work under the lease is not part of the lock call
 		l.mu.Unlock()
 	}
+	// A CallDone that panics (or calls runtime.Goexit) leaves the caller without the lease:
+	// the lock must not stay held, renewed for nobody, until Close.
+	told := false
+	defer func() {
+		if !told && l != nil {
+			_ = l.giveBackUnseen(context.WithoutCancel(ctx))
+		}
+	}()
 	c.observeDone(octx, call, l, err)
+	told = true
 	return l, err
 }
 

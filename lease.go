@@ -511,10 +511,25 @@ func (l *Lease) Unlock(ctx context.Context) error {
 	}
 	kind, _ := callKind(l.hd.h.access, l.hd.multi, true)
 	call := Call{Method: "Unlock", Kind: kind, Name: l.ref.name}
-	ctx = c.observeStart(ctx, &call)
+	ctx = c.startUnlock(ctx, &call, l)
 	err := l.unlock(ctx)
 	c.observeDone(ctx, call, l, err)
 	return err
+}
+
+// startUnlock is observeStart for Unlock: a CallStart that panics (or calls runtime.Goexit)
+// goes up the caller's goroutine after the lease is unlocked, unobserved, not with the lock
+// kept and renewed.
+func (c *Client) startUnlock(ctx context.Context, call *Call, l *Lease) context.Context {
+	told := false
+	defer func() {
+		if !told {
+			_ = l.unlock(ctx)
+		}
+	}()
+	octx := c.observeStart(ctx, call)
+	told = true
+	return octx
 }
 
 // giveBackUnseen unlocks a lease its lock call will not return (the caller's ctx ended, or a

@@ -22,6 +22,12 @@ import (
 // LeaseEnded), and a lease that ended before its call returned (lost at once) may be reported
 // ended before its CallDone. They must not wait for
 // a lock of the same Client (the work they hold up may be what would free it).
+//
+// They should not panic. A panic in CallStart or CallDone goes up the caller's goroutine, as
+// the call's own would, after dlock has given back the lock a lock call took (CallDone) or
+// released the lease an Unlock was given (CallStart); one in a function dlock's own
+// goroutines call (LeaseEnded of a lost lease, Renewed) ends the program, as any goroutine's
+// panic does.
 type Observer struct {
 	// CallStart is called when a call of the API starts: Lock, TryLock, RLock, TryRLock,
 	// Acquire, TryAcquire (of Mutex, RWMutex, Semaphore, MultiLock) and Lease.Unlock. It must
