@@ -64,7 +64,7 @@ func (d *Latch) Name() string { return d.name }
 
 // TrySetCount starts the latch at count (at least 1) and reports true, or reports false and
 // changes nothing when the latch is counting already. It returns ErrInvalid for a count below
-// 1 or a name used as a lock. While Redis gives no definite answer (a lost reply, a failover)
+// 1 or a name used as a lock (held, or waited for). While Redis gives no definite answer (a lost reply, a failover)
 // it sends the call again, with backoff, applied once however many sends reach Redis (see
 // Latch); an error matching ErrUnavailable means it gave up (ctx ended, the Client closed, or
 // half the op log's minute passed) and the latch may have been set.
@@ -117,7 +117,7 @@ func (d *Latch) run(ctx context.Context, op string, script *redis.Script, args .
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("dlock: %s %q: %w", op, d.name, err) // nothing sent
 	}
-	keys := []string{d.keys.lock, d.keys.opLog}
+	keys := []string{d.keys.lock, d.keys.opLog, d.keys.queue, d.keys.live}
 	giveUp := time.Now().Add(opLogTTL / 2)
 	var backoff time.Duration
 	for {

@@ -634,3 +634,46 @@ func TestLatchCountDownResentAfterTheNameWasReusedIsApplied(t *testing.T) {
 	}
 	_ = held.Unlock(ctx)
 }
+
+// A name that lock callers of another kind wait for is in use as that kind, even while it is
+// free for a moment (its holder's key expired, a hand-off): TrySetCount refuses it with
+// ErrInvalid, as a Mutex or another Semaphore is refused on a semaphore's waited-for name,
+// and the waiter then gets the lock. Before, the latch took the name and the waiter's next
+// attempt failed with ErrInvalid.
+func TestLatchRefusesANameOthersWaitFor(t *testing.T) {
+	c, rdb := newClient(t)
+	ctx := ctxT(t)
+	w, _ := newClient(t)
+	for _, kind := range []string{"semaphore", "mutex"} {
+		t.Run(kind, func(t *testing.T) {
+			name := redistest.Name(t)
+			got := make(chan error, 1)
+			if kind == "semaphore" {
+				if _, err := c.Semaphore(name, 1).Acquire(ctx, 1); err != nil {
+					t.Fatal(err)
+				}
+				r := acquired(ctx, w.Semaphore(name, 1), 1)
+				go func() { x := <-r; got <- x.err; _ = x.l.Unlock(ctx) }()
+			} else {
+				if _, err := c.Mutex(name).Lock(ctx); err != nil {
+					t.Fatal(err)
+				}
+				go func() {
+					l, err := w.Mutex(name).Lock(ctx)
+					if err == nil {
+						_ = l.Unlock(ctx)
+					}
+					got <- err
+				}()
+			}
+			waitQueued(t, c, name, 1)
+			rdb.Del(ctx, lockKey(name)) // the holder's key expired: free, and waited for
+			if ok, err := c.Latch(name).TrySetCount(ctx, 1); !errors.Is(err, dlock.ErrInvalid) {
+				t.Errorf("TrySetCount on a free %s with a waiter = %v, %v; want ErrInvalid", kind, ok, err)
+			}
+			if err := <-got; err != nil {
+				t.Fatalf("the %s's waiter: %v", kind, err)
+			}
+		})
+	}
+}
