@@ -79,6 +79,9 @@ type Client struct {
 	seq         atomic.Uint64
 	renew       *renewer
 	publishCmd  string // PUBLISH, or SPUBLISH on Redis Cluster
+	// replicaReads: rdb sends read commands to replicas (a Cluster client with ReadOnly,
+	// RouteByLatency or RouteRandomly), so dlock reads its state through ReadFields instead.
+	replicaReads bool
 	clock       func() time.Time
 
 	log *slog.Logger
@@ -136,8 +139,11 @@ func newClient(rdb redis.UniversalClient, opts []Option) *Client {
 		nonce:        randomHex(8),
 	}
 	c.publishCmd = "PUBLISH"
-	if _, ok := rdb.(*redis.ClusterClient); ok {
+	if cc, ok := rdb.(*redis.ClusterClient); ok {
 		c.publishCmd = "SPUBLISH" // one shard, not the whole cluster bus
+		if o := cc.Options(); o.ReadOnly || o.RouteByLatency || o.RouteRandomly {
+			c.replicaReads = true
+		}
 	}
 	c.bg, c.stop = context.WithCancel(context.Background())
 	c.cleanup, c.stopCleanup = context.WithCancel(context.Background())

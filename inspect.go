@@ -2,6 +2,7 @@ package dlock
 
 import (
 	"context"
+	"fmt"
 	"sort"
 	"strconv"
 	"strings"
@@ -55,7 +56,10 @@ type LockInfo struct {
 // Redis once free and unwaited for). It returns ErrInvalid for a bad name and the Redis error
 // (matching ErrUnavailable when Redis gave no answer) if the read fails. On a Redlock Client
 // it reads every master at once (see LockInfo.Masters) and returns the error only when fewer
-// than a quorum of them answered, with what the others said.
+// than a quorum of them answered, with what the others said. Through a Cluster client that
+// sends reads to replicas (ReadOnly), it reads a replica, which may lag the master by the
+// replication delay: a view for operators. dlock's own decisions (a latch's count, a
+// semaphore's permits, whether a lease is lost) are read on the master.
 func (c *Client) Inspect(ctx context.Context, name string) (LockInfo, error) {
 	if ctx == nil {
 		return LockInfo{}, nilContext("inspect", name)
@@ -322,6 +326,10 @@ func globEscape(s string) string {
 // is read again; a key of another type made between them is WRONGTYPE on the next read.
 func (c *Client) stateFields(ctx context.Context, key string, more ...string) (f []any, foreign bool, err error) {
 	fields := append([]string{"#k", "#v"}, more...)
+	if c.replicaReads {
+		exists, f, err := c.masterFields(ctx, key, fields...)
+		return f, err == nil && exists && f[0] == nil && f[1] == nil, err
+	}
 	for range 3 {
 		if f, err = c.rdb.HMGet(ctx, key, fields...).Result(); err != nil || f[0] != nil || f[1] != nil {
 			return f, false, err
@@ -333,6 +341,25 @@ func (c *Client) stateFields(ctx context.Context, key string, more ...string) (f
 		}
 	}
 	return f, true, nil
+}
+
+// masterFields reads fields of the hash at key on its master (ReadFields), for a Client whose
+// go-redis client reads from replicas: whether the key exists, and the fields' values (nil
+// for a missing one).
+func (c *Client) masterFields(ctx context.Context, key string, fields ...string) (exists bool, f []any, err error) {
+	args := make([]any, len(fields))
+	for i, x := range fields {
+		args[i] = x
+	}
+	res, err := c.runScript(ctx, scripts.ReadFields, []string{key}, args...).Slice()
+	if err != nil {
+		return false, nil, err
+	}
+	if len(res) != 1+len(fields) {
+		return false, nil, fmt.Errorf("dlock: read %q: unexpected reply %v", key, res)
+	}
+	n, _ := res[0].(int64)
+	return n == 1, res[1:], nil
 }
 
 // kindName names a lock kind by its "#k" field, as the scripts' DLOCKKIND errors do.

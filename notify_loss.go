@@ -2,9 +2,11 @@ package dlock
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"time"
 
+	"github.com/dlock-go/dlock/internal/scripts"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -333,28 +335,20 @@ func (n *notifier) check(trk *redis.Conn) (again bool, err error) {
 func (n *notifier) confirmLosses(lost []loss) (again bool) {
 	ctx, cancel := context.WithTimeout(n.ctx, trackerTimeout)
 	defer cancel()
-	cmds := make(map[string]*redis.MapStringStringCmd, len(lost))
-	_, _ = n.c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for _, x := range lost {
-			if cmds[x.key] == nil {
-				cmds[x.key] = p.HGetAll(ctx, x.key)
-			}
-		}
-		return nil
-	})
+	read := n.readHolds(ctx, lost)
 	var unknown, stale []string
-	for _, x := range lost {
-		fields, err := cmds[x.key].Result()
+	for i, x := range lost {
+		got, err := read(i)
 		switch {
 		case isWrongType(err):
 			x.l.lose(errTaken)
 		case err != nil:
 			unknown = append(unknown, x.key) // no answer: ask again; the deadline is the backstop
-		case fields["#"+x.l.holdID] != "" && x.unknown:
+		case got == readHeld && x.unknown:
 			unknown = append(unknown, x.key) // held; read it again where it is tracked
-		case fields["#"+x.l.holdID] != "":
+		case got == readHeld:
 			stale = append(stale, x.key)
-		case len(fields) == 0:
+		case got == readGone:
 			x.l.lose(errKeyGone)
 		default:
 			x.l.lose(errTaken)
@@ -366,6 +360,64 @@ func (n *notifier) confirmLosses(lost []loss) (again bool) {
 		n.stale(stale, "a hold it read as gone is held on the master")
 	}
 	return len(unknown) > 0 || len(stale) > 0
+}
+
+// What the lock's master says of a hold that looks lost.
+type holdRead int
+
+const (
+	readGone  holdRead = iota // no lock hash at all
+	readHeld                  // the hash has the hold's mark
+	readTaken                 // the hash has other holds only
+)
+
+// readHolds reads, on the lock's current master, the hashes of the holds that look lost, in
+// one batch: read(i) says what lost[i]'s key holds of it. Through a go-redis client that reads
+// from replicas (which may lag) it reads with a script, which only the master runs.
+func (n *notifier) readHolds(ctx context.Context, lost []loss) (read func(i int) (holdRead, error)) {
+	if n.c.replicaReads {
+		keys := make([][]string, len(lost))
+		args := make([][]any, len(lost))
+		for i, x := range lost {
+			keys[i], args[i] = []string{x.key}, []any{"#" + x.l.holdID}
+		}
+		cmds := n.c.runBatch(ctx, scripts.ReadFields, keys, args)
+		return func(i int) (holdRead, error) {
+			res, err := cmds[i].Slice()
+			switch {
+			case err != nil:
+				return 0, err
+			case len(res) != 2:
+				return 0, fmt.Errorf("dlock: read %q: unexpected reply %v", lost[i].key, res)
+			case res[0] == int64(0):
+				return readGone, nil
+			case res[1] != nil:
+				return readHeld, nil
+			}
+			return readTaken, nil
+		}
+	}
+	cmds := make(map[string]*redis.MapStringStringCmd, len(lost))
+	_, _ = n.c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, x := range lost {
+			if cmds[x.key] == nil {
+				cmds[x.key] = p.HGetAll(ctx, x.key)
+			}
+		}
+		return nil
+	})
+	return func(i int) (holdRead, error) {
+		fields, err := cmds[lost[i].key].Result()
+		switch {
+		case err != nil:
+			return 0, err
+		case fields["#"+lost[i].l.holdID] != "":
+			return readHeld, nil
+		case len(fields) == 0:
+			return readGone, nil
+		}
+		return readTaken, nil
+	}
 }
 
 // stale handles a notifier whose node gave an answer the current master contradicts, or is not

@@ -30,6 +30,8 @@ var (
 	fenceFloorSrc string
 	//go:embed fenced_set.lua
 	fencedSetSrc string
+	//go:embed read_fields.lua
+	readFieldsSrc string
 	//go:embed force_release.lua
 	forceReleaseSrc string
 	//go:embed latch_set.lua
@@ -78,6 +80,8 @@ var (
 	LatchDown    = lockScript(latchDownSrc)
 	// FenceFloor needs nothing of the library, only the shebang's checks.
 	FenceFloor = sourced(shebang + fenceFloorSrc)
+	// ReadFields reads on the master only: the shebang's checks, nothing of the library.
+	ReadFields = sourced(shebang + readFieldsSrc)
 	// FencedSet writes to a resource that may live on any Redis, so it has no shebang.
 	FencedSet = sourced(fencedSetSrc)
 )
