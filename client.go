@@ -82,7 +82,7 @@ type Client struct {
 	// replicaReads: rdb sends read commands to replicas (a Cluster client with ReadOnly,
 	// RouteByLatency or RouteRandomly), so dlock reads its state through ReadFields instead.
 	replicaReads bool
-	clock       func() time.Time
+	clock        func() time.Time
 
 	log *slog.Logger
 	obs *Observer // WithObserver's, or nil
