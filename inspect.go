@@ -343,6 +343,31 @@ func (c *Client) stateFields(ctx context.Context, key string, more ...string) (f
 	return f, true, nil
 }
 
+// stateOf reads the state of kind ("#k": "sem" or "latch") at key, for op on the primitive
+// called name: its fields "#k", "#v" and more (stateFields), and whether it exists. A key
+// holding anything else is refused as the scripts refuse it: another type, a hash dlock did not
+// write or one of another kind with ErrInvalid, one of another dlock version (layout) with
+// ErrIncompatible; a failed read is the Redis error (matching ErrUnavailable without an answer).
+func (c *Client) stateOf(ctx context.Context, op, name, key, kind string, more ...string) (f []any, exists bool, err error) {
+	what := kindName(kind)
+	f, foreign, err := c.stateFields(ctx, key, more...)
+	switch {
+	case err != nil && strings.HasPrefix(err.Error(), "WRONGTYPE"):
+		return nil, false, fmt.Errorf("%w: %q holds a value of another type, not %s", ErrInvalid, name, what)
+	case err != nil:
+		return nil, false, redisErr(op, name, err)
+	case foreign:
+		return nil, false, fmt.Errorf("%w: %q holds a hash that is not %s", ErrInvalid, name, what)
+	case f[0] == nil && f[1] == nil:
+		return f, false, nil
+	case str(f[1]) != layoutVersion:
+		return nil, false, fmt.Errorf("%w: %q was written by another dlock version (key layout %q, this one's is %q)", ErrIncompatible, name, str(f[1]), layoutVersion)
+	case str(f[0]) != kind:
+		return nil, false, fmt.Errorf("%w: %q is held as %s, not %s", ErrInvalid, name, kindName(str(f[0])), what)
+	}
+	return f, true, nil
+}
+
 // masterFields reads fields of the hash at key on its master (ReadFields), for a Client whose
 // go-redis client reads from replicas: whether the key exists, and the fields' values (nil
 // for a missing one).

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/dlock-go/dlock/internal/scripts"
@@ -147,8 +146,8 @@ func (d *Latch) mayHaveRun(op string, err error) error {
 }
 
 // Count returns the latch's count: 0 when it is open (no state in Redis). It returns
-// ErrInvalid for a name used as a lock, and the Redis error (matching ErrUnavailable when
-// Redis gave no answer) if the read fails.
+// ErrInvalid for a name used as a lock, ErrIncompatible for a latch of another dlock version,
+// and the Redis error (matching ErrUnavailable when Redis gave no answer) if the read fails.
 func (d *Latch) Count(ctx context.Context) (int, error) {
 	if ctx == nil {
 		return 0, nilContext("read latch", d.name)
@@ -164,20 +163,12 @@ func (d *Latch) Count(ctx context.Context) (int, error) {
 // it; "" when open).
 func (d *Latch) count(ctx context.Context) (int, string, error) {
 	// One read: a latch set or opened meanwhile is seen whole, never half.
-	f, foreign, err := d.c.stateFields(ctx, d.keys.lock, "#n", "#g")
-	if err != nil {
-		if strings.HasPrefix(err.Error(), "WRONGTYPE") {
-			return 0, "", fmt.Errorf("%w: %q holds a value of another type, not a latch", ErrInvalid, d.name)
-		}
-		return 0, "", redisErr("read latch", d.name, err)
-	}
+	f, exists, err := d.c.stateOf(ctx, "read latch", d.name, d.keys.lock, "latch", "#n", "#g")
 	switch {
-	case foreign:
-		return 0, "", fmt.Errorf("%w: %q holds a hash that is not a latch", ErrInvalid, d.name)
-	case f[0] == nil && f[1] == nil:
+	case err != nil:
+		return 0, "", err
+	case !exists:
 		return 0, "", nil // no state: open
-	case str(f[0]) != "latch":
-		return 0, "", fmt.Errorf("%w: %q is held as %s, not a latch", ErrInvalid, d.name, kindName(str(f[0])))
 	}
 	n, err := strconv.Atoi(str(f[2]))
 	if err != nil {

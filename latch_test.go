@@ -579,6 +579,16 @@ func TestLatchAndSemaphoreReadsRefuseAForeignHash(t *testing.T) {
 	if _, err := c.Semaphore(latch, 2).Available(ctx); !errors.Is(err, dlock.ErrInvalid) || !contains(err, "held as a latch") {
 		t.Errorf("Available on a latch: %v, want ErrInvalid naming a latch", err)
 	}
+	// Written by another dlock version (its key layout): ErrIncompatible, as the scripts say.
+	other := redistest.Name(t)
+	rdb.HSet(ctx, lockKey(other), "#k", "sem", "#v", "9", "#n", 2, "#u", 0)
+	if _, err := c.Semaphore(other, 2).Available(ctx); !errors.Is(err, dlock.ErrIncompatible) {
+		t.Errorf("Available on a semaphore of another layout: %v, want ErrIncompatible", err)
+	}
+	rdb.HSet(ctx, lockKey(other), "#k", "latch", "#n", 1)
+	if _, err := c.Latch(other).Count(ctx); !errors.Is(err, dlock.ErrIncompatible) {
+		t.Errorf("Count on a latch of another layout: %v, want ErrIncompatible", err)
+	}
 }
 
 // afterReply runs do once, after the first EVALSHA of sha ran, then loses that call's reply.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-	"strings"
 )
 
 // A Semaphore is a handle on one named counting semaphore: at most Permits permits are out at
@@ -140,7 +139,8 @@ func (s *Semaphore) newCohort(key string, n int) *cohort {
 // yet known to have ended: a dead holder's permits count until its TTL runs out and a script
 // meets the semaphore), or Permits when the semaphore has no state in Redis. It is a snapshot
 // and may be wrong the moment after. It returns ErrInvalid for a bad handle, for a semaphore
-// held with another number of permits or a name held as a lock, and the Redis error (matching
+// held with another number of permits or a name held as a lock, ErrIncompatible for a
+// semaphore of another dlock version, and the Redis error (matching
 // ErrUnavailable when Redis gave no answer) if the read fails.
 func (s *Semaphore) Available(ctx context.Context) (int, error) {
 	if ctx == nil {
@@ -149,20 +149,12 @@ func (s *Semaphore) Available(ctx context.Context) (int, error) {
 	if s.err != nil {
 		return 0, s.err
 	}
-	f, foreign, err := s.c.stateFields(ctx, s.keys.lock, "#n", "#u")
-	if err != nil {
-		if strings.HasPrefix(err.Error(), "WRONGTYPE") {
-			return 0, fmt.Errorf("%w: %q holds a value of another type, not a semaphore", ErrInvalid, s.name)
-		}
-		return 0, redisErr("read semaphore", s.name, err)
-	}
-	switch kind := str(f[0]); {
-	case foreign:
-		return 0, fmt.Errorf("%w: %q holds a hash that is not a semaphore", ErrInvalid, s.name)
-	case f[0] == nil && f[1] == nil:
+	f, exists, err := s.c.stateOf(ctx, "read semaphore", s.name, s.keys.lock, "sem", "#n", "#u")
+	switch {
+	case err != nil:
+		return 0, err
+	case !exists:
 		return s.permits, nil // no state: every permit is free
-	case kind != "sem":
-		return 0, fmt.Errorf("%w: %q is held as %s, not a semaphore", ErrInvalid, s.name, kindName(kind))
 	}
 	total, _ := strconv.Atoi(str(f[2]))
 	used, _ := strconv.Atoi(str(f[3]))
