@@ -28,6 +28,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == workerCommand {
 		return report(runWorker(args[1:]), stderr, defaultCodes)
 	}
+	warnings = stderr
 	root := newRoot(args, stdout, stderr)
 	if len(args) == 0 {
 		root.SetOut(stderr) // not asked for: the usage goes with the error
@@ -52,6 +53,10 @@ func newRoot(args []string, stdout, stderr io.Writer) *cobra.Command {
 		// Without Args, cobra would answer an unknown command itself, before report sees it.
 		Args: cobra.ArbitraryArgs,
 		RunE: func(c *cobra.Command, args []string) error {
+			if len(args) == 0 || c.ArgsLenAtDash() == 0 {
+				// `dlock --` or `dlock -- run`: the -- ends the flags of a command, and none was given.
+				return usageError{"no command given before --", "run 'dlock help' for the commands"}
+			}
 			msg := fmt.Sprintf("unknown command %q", args[0])
 			if s := c.SuggestionsFor(args[0]); len(s) > 0 && args[0] != "" {
 				msg += "; did you mean " + strings.Join(s, " or ") + "?"
@@ -140,6 +145,15 @@ func versionCmd(stdout io.Writer) *cobra.Command {
 type commonFlags struct {
 	redis  []string // one URL, or a Redlock's masters
 	prefix string
+}
+
+// redlock reports whether the flags name a Redlock's masters (--redis 3 times or more).
+func (f *commonFlags) redlock() bool { return len(f.redis) >= 3 }
+
+// notOnRedlock is the usage error of what a Redlock does not serve (it takes plain locks
+// only), given before anything is dialled.
+func notOnRedlock(what string) error {
+	return usageError{what + " on a Redlock (--redis 3 times or more): it takes plain locks only", "give one --redis (a single deployment: a server, Cluster or Sentinel group)"}
 }
 
 // addCommon adds --redis and --prefix to c and returns where they land.

@@ -478,10 +478,15 @@ func TestRunOnARedlock(t *testing.T) {
 	if code, _, errs := runDlock(t, "run", "--redis", "redis://127.0.0.1:1", "--redis", "redis://127.0.0.1:2", name, "--", "true"); code != exitUsage || !strings.Contains(errs, "at least 3") {
 		t.Fatalf("two --redis: exit %d: %s", code, errs)
 	}
-	// A master that does not answer at start is named, not taken for one that is down.
+	// A master that does not answer at start is named in a warning; the run goes on with the
+	// quorum, as a Redlock is made to. Without a quorum it does not start.
 	down := append(append([]string{"run"}, flags[:4]...), "--redis", "redis://127.0.0.1:1", name+"-2", "--", "true")
-	if code, _, errs := runDlock(t, down...); code != exitUnavailable || !strings.Contains(errs, "cannot reach Redis at redis://127.0.0.1:1") {
+	if code, _, errs := runDlock(t, down...); code != 0 || !strings.Contains(errs, "warning: cannot reach Redis at redis://127.0.0.1:1") || !strings.Contains(errs, "2 of 3 masters") {
 		t.Fatalf("a master down at start: exit %d: %s", code, errs)
+	}
+	down = append(append([]string{"run"}, flags[:2]...), "--redis", "redis://127.0.0.1:1", "--redis", "redis://127.0.0.1:2", name+"-3", "--", "true")
+	if code, _, errs := runDlock(t, down...); code != exitUnavailable || !strings.Contains(errs, "cannot reach Redis at redis://127.0.0.1:") {
+		t.Fatalf("two masters of three down at start: exit %d: %s", code, errs)
 	}
 }
 

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -149,6 +150,9 @@ out, or a latch counting.`,
 }
 
 func list(stdout io.Writer, common *commonFlags, pattern string, asJSON, held bool) error {
+	if common.redlock() {
+		return notOnRedlock("list")
+	}
 	var locks []dlock.LockInfo
 	err := withAdmin(common, func(ctx context.Context, dl *dlock.Client) (err error) {
 		locks, err = dl.Locks(ctx, pattern)
@@ -220,6 +224,14 @@ func release(stdout io.Writer, common *commonFlags, name string) error {
 	var broke bool
 	err := withAdmin(common, func(ctx context.Context, dl *dlock.Client) (err error) {
 		broke, err = dl.ForceRelease(ctx, name)
+		if err != nil && common.redlock() && errors.Is(err, dlock.ErrUnavailable) {
+			// Some masters gave no answer. Broken on a quorum of the others, no quorum can hold
+			// the lock any more: read it back (Inspect answers when a quorum does).
+			if info, ierr := dl.Inspect(ctx, name); ierr == nil && !info.Held {
+				fmt.Fprintf(warnings, "dlock: warning: %v; broken on the other masters\n", err)
+				return nil
+			}
+		}
 		return err
 	})
 	if err != nil {

@@ -65,6 +65,18 @@ with status before running down again, which would count again.`,
 
 func latch(stdout io.Writer, common *commonFlags, op string, rest []string, ttl, wait time.Duration) error {
 	name := rest[0]
+	if common.redlock() {
+		return notOnRedlock("a latch")
+	}
+	n := 0
+	if op == "set" {
+		// Checked before Redis is: a count that can never work is a usage error (2), also
+		// while Redis is down (69), which a script would retry.
+		var err error
+		if n, err = strconv.Atoi(rest[1]); err != nil || n < 1 {
+			return usageError{fmt.Sprintf("latch set: count %q: must be a whole number of at least 1", rest[1]), "dlock latch set warehouses-loaded 4"}
+		}
+	}
 	conn, err := connect(common.redis, false)
 	if err != nil {
 		return err
@@ -77,10 +89,6 @@ func latch(stdout io.Writer, common *commonFlags, op string, rest []string, ttl,
 	defer cancel()
 	switch op {
 	case "set":
-		n, err := strconv.Atoi(rest[1])
-		if err != nil || n < 1 {
-			return usageError{fmt.Sprintf("latch set: count %q: must be a whole number of at least 1", rest[1]), "dlock latch set warehouses-loaded 4"}
-		}
 		ok, err := d.TrySetCount(ctx, n)
 		if err != nil {
 			return err
@@ -127,6 +135,12 @@ func latch(stdout io.Writer, common *commonFlags, op string, rest []string, ttl,
 		}()
 		wctx := base
 		if wait > 0 {
+			// One look first, whatever the wait: a wait shorter than a round trip would end
+			// before any read reached Redis, and call an open latch shut.
+			if n, err := d.Count(base); err == nil && n == 0 {
+				fmt.Fprintf(stdout, "latch %s open\n", name)
+				return nil
+			}
 			var c context.CancelFunc
 			wctx, c = context.WithTimeout(wctx, wait)
 			defer c()

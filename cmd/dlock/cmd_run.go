@@ -171,6 +171,8 @@ func (o *runOpts) validate(c *cobra.Command) error {
 		return usageError{"--read, --write and --permits take one lock NAME, not several --lock", "dlock run --read config:pricing -- ./serve"}
 	case o.permits > 0 && (o.read || o.write):
 		return usageError{"--permits takes a semaphore, not a read-write lock: drop --read or --write", "dlock run --permits 2 exports -- ./export-report"}
+	case o.common.redlock() && (o.read || o.write || o.permits > 0 || len(o.names) > 1):
+		return notOnRedlock("--read, --write, --permits and several --lock")
 	}
 	o.waitGiven = given("wait")
 	var err error
@@ -246,7 +248,9 @@ func (o *runOpts) run(stdout, stderr io.Writer) error {
 	}
 	cmd := exec.Command(o.command[0], o.command[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, stdout, stderr
-	cmd.Env = append(os.Environ(), "DLOCK_NAME="+name, "DLOCK_TOKENS="+tokensEnv(o.names, lease),
+	// An inherited DLOCK_TOKEN (an outer `dlock run`) must not reach a command that holds
+	// several locks, as if it were a token of its own.
+	cmd.Env = append(withoutRunEnv(os.Environ()), "DLOCK_NAME="+name, "DLOCK_TOKENS="+tokensEnv(o.names, lease),
 		"DLOCK_OWNER="+lease.Owner()) // the id `dlock status` shows
 	if len(o.names) == 1 {
 		cmd.Env = append(cmd.Env, "DLOCK_TOKEN="+strconv.FormatUint(lease.Token(), 10))
@@ -322,6 +326,11 @@ func (o *runOpts) run(stdout, stderr io.Writer) error {
 			}
 			_ = syscall.Kill(target, sig.(syscall.Signal))
 		case <-tstp:
+			if !controllingTerminal() {
+				// The terminal is gone (its session ended): nothing could continue dlock, and
+				// this is a stray signal.
+				continue
+			}
 			_ = syscall.Kill(target, syscall.SIGSTOP)
 			stopSelf() // until the shell's fg or bg
 			if lease.Remaining() <= before {
@@ -498,6 +507,14 @@ func parseReplicaAckAOF(v string) (local bool, n int, d time.Duration, err error
 	return local, n, d, nil
 }
 
+// withoutRunEnv is env less the variables run sets for its command.
+func withoutRunEnv(env []string) []string {
+	return slices.DeleteFunc(env, func(kv string) bool {
+		k, _, _ := strings.Cut(kv, "=")
+		return k == "DLOCK_NAME" || k == "DLOCK_TOKEN" || k == "DLOCK_TOKENS" || k == "DLOCK_OWNER"
+	})
+}
+
 // tokensEnv is DLOCK_TOKENS: name=token for every lock the lease holds, comma-separated, in
 // the order of names.
 func tokensEnv(names []string, l *dlock.Lease) string {
@@ -581,9 +598,15 @@ func acquire(m locker, once bool, wait time.Duration, sigs <-chan os.Signal) (*d
 	case once: // a try can take a while too (Redis slow, a failover): a signal ends it
 		l, err = m.TryLock(ctx)
 	case wait > 0:
-		wctx, wcancel := context.WithTimeout(ctx, wait)
-		l, err = m.Lock(wctx)
-		wcancel()
+		// One try first, whatever the wait (as flock -w): a wait shorter than a round trip
+		// would otherwise end before any attempt reached Redis, and call a free lock held.
+		start := time.Now()
+		l, err = m.TryLock(ctx)
+		if left := wait - time.Since(start); errors.Is(err, dlock.ErrNotObtained) && ctx.Err() == nil && left > 0 {
+			wctx, wcancel := context.WithTimeout(ctx, left)
+			l, err = m.Lock(wctx)
+			wcancel()
+		}
 	default:
 		l, err = m.Lock(ctx)
 	}

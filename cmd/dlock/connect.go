@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/url"
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/dlock-go/dlock"
@@ -28,9 +30,10 @@ const urlHint = "use redis://[user:pass@]host:port/db, rediss://... (TLS), unix:
 	"redis+cluster://host:port?addr=host2:port2 or redis+sentinel://host:26379?master_name=NAME"
 
 // connect resolves --redis (repeated: a Redlock's masters) or REDIS_URL and checks that Redis
-// answers: every master of a Redlock must answer at start, so a typo is not taken for a
-// master that is down. With neither set and throwaway true, it starts a private redis-server
-// in a temp dir (removed by close).
+// answers PING. A Redlock goes on while a quorum of its masters answers, naming each one that
+// does not in a warning (a typo shows there, not as a master silently missing); a master that
+// refuses the client (password, ACL) is an error. With neither set and throwaway true, it
+// starts a private redis-server in a temp dir (removed by close).
 func connect(flagURLs []string, throwaway bool) (*connection, error) {
 	urls := flagURLs
 	if len(urls) == 0 && os.Getenv("REDIS_URL") != "" {
@@ -62,24 +65,64 @@ func connect(flagURLs []string, throwaway bool) (*connection, error) {
 	c.rdb = c.masters[0]
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
+	errs := make([]error, len(c.masters))
+	var wg sync.WaitGroup
 	for i, rdb := range c.masters {
-		if err := rdb.Ping(ctx).Err(); err != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := rdb.Ping(ctx).Err(); err != nil {
+				errs[i] = pingError(urls[i], err)
+			}
+		}()
+	}
+	wg.Wait()
+	// A refusal (a wrong password, an ACL) is a mistake to fix, on any master. A Redlock
+	// goes on while a quorum of its masters answers, as it was made to: the others are named.
+	var down []error
+	for _, err := range errs {
+		if err != nil && !errors.Is(err, dlock.ErrUnavailable) {
 			c.close()
-			return nil, pingError(urls[i], err)
+			return nil, err
 		}
+		if err != nil {
+			down = append(down, err)
+		}
+	}
+	if len(down) > 0 && (len(c.masters) == 1 || len(c.masters)-len(down) < len(c.masters)/2+1) {
+		c.close()
+		return nil, down[0]
+	}
+	for _, err := range down {
+		fmt.Fprintf(warnings, "dlock: warning: %v; going on with %d of %d masters\n", err, len(c.masters)-len(down), len(c.masters))
 	}
 	return c, nil
 }
 
+// warnings is where dlock writes what it goes on despite (run sets it to its stderr).
+var warnings io.Writer = os.Stderr
+
 // pingError says why Redis at url did not answer PING: a refusal (a wrong password, a user
-// without the permission) is not Redis being down, and exits with another code.
+// without the permission) is not Redis being down, and exits with another code. Any other
+// answer (LOADING, BUSY, MASTERDOWN, ...) says Redis cannot serve now: unavailable.
 func pingError(url string, err error) error {
 	at := shownURL(url)
 	var reply redis.Error
-	if errors.As(err, &reply) && !strings.HasPrefix(reply.Error(), "LOADING") {
+	if errors.As(err, &reply) && refusal(reply.Error()) {
 		return hinted{fmt.Errorf("Redis at %s refused PING: %w", at, err), "check the user and password in the URL, and the user's ACL"}
 	}
 	return hinted{unreachable{fmt.Errorf("cannot reach Redis at %s: %w", at, err)}, "check that Redis is running and the URL is right"}
+}
+
+// refusal reports whether a Redis error reply refuses the client (authentication, ACL) rather
+// than saying the server cannot serve now.
+func refusal(reply string) bool {
+	for _, p := range []string{"NOAUTH", "WRONGPASS", "NOPERM", "ERR AUTH", "ERR invalid password", "ERR Client sent AUTH"} {
+		if strings.HasPrefix(reply, p) {
+			return true
+		}
+	}
+	return false
 }
 
 // shownURL is the Redis URL u as error lines show it (they reach cron mail, journald, CI
@@ -112,7 +155,8 @@ func shownURL(u string) string {
 	return p.Redacted()
 }
 
-// misplacedAt says whether u parses with a fragment, or with an @ in its path or a query key:
+// misplacedAt says whether u parses with a fragment, or with an @ in its path (but a unix
+// socket's, which may have one) or a query key:
 // what a password holding an unencoded #, ? or / becomes ("redis://:99#pw@host" is host ":99"
 // and fragment "pw@host"). Such a URL is refused, and error lines do not show it.
 func misplacedAt(u string) bool {
@@ -120,7 +164,7 @@ func misplacedAt(u string) bool {
 	if err != nil {
 		return false
 	}
-	if p.Fragment != "" || strings.HasSuffix(u, "#") || strings.Contains(p.EscapedPath(), "@") {
+	if p.Fragment != "" || strings.HasSuffix(u, "#") || (p.Scheme != "unix" && strings.Contains(p.EscapedPath(), "@")) {
 		return true
 	}
 	for k := range p.Query() {

@@ -1,0 +1,133 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock/internal/redistest"
+)
+
+// A command holding several locks sees no DLOCK_TOKEN, not even one inherited from an outer
+// `dlock run` (it would read as a token of its own locks); one lock's run sets its own.
+func TestRunDropsAnInheritedToken(t *testing.T) {
+	a, b := uniqueName(t)+"a", uniqueName(t)+"b"
+	cmd := dlockCmd(t, "run", "--lock", a, "--lock", b, "--", "sh", "-c", `echo "token=${DLOCK_TOKEN-unset}"`)
+	cmd.Env = append(cmd.Env, "DLOCK_TOKEN=999")
+	out, err := cmd.CombinedOutput()
+	if exitCode(err) != 0 || strings.TrimSpace(string(out)) != "token=unset" {
+		t.Errorf("multi-lock run with DLOCK_TOKEN=999 inherited: exit %d, output %q; want token=unset", exitCode(err), out)
+	}
+	cmd = dlockCmd(t, "run", a, "--", "sh", "-c", `echo "token=$DLOCK_TOKEN"`)
+	cmd.Env = append(cmd.Env, "DLOCK_TOKEN=999")
+	if out, err = cmd.CombinedOutput(); exitCode(err) != 0 || strings.Contains(string(out), "999") {
+		t.Errorf("run with DLOCK_TOKEN=999 inherited: exit %d, output %q; want its own token", exitCode(err), out)
+	}
+}
+
+// `dlock --` and `dlock -- run` name no command: a usage error line, no panic.
+func TestRootDoubleDashIsAUsageError(t *testing.T) {
+	for _, args := range [][]string{{"--"}, {"--", "run"}} {
+		code, _, errs := runDlock(t, args...)
+		if code != exitUsage || strings.Contains(errs, "panic") || !strings.Contains(errs, "no command given before --") {
+			t.Errorf("dlock %q: exit %d, stderr %q; want a usage error naming the --", args, code, errs)
+		}
+	}
+}
+
+// A Redis that answers PING with BUSY (a long script) cannot serve now: exit 69, as for
+// LOADING, not 1 with advice on passwords.
+func TestBusyRedisIsUnavailable(t *testing.T) {
+	srv := redistest.StartT(t, redistest.Config{Args: []string{"--busy-reply-threshold", "50"}})
+	rdb := srv.Client()
+	defer rdb.Close()
+	busy := make(chan error, 1)
+	go func() { busy <- rdb.Eval(context.Background(), "while true do end", nil).Err() }()
+	defer func() {
+		other := srv.Client()
+		defer other.Close()
+		for other.ScriptKill(context.Background()).Err() != nil && len(busy) == 0 {
+			time.Sleep(10 * time.Millisecond)
+		}
+		<-busy
+	}()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		code, _, errs := runDlock(t, "status", "--redis", srv.URL(), uniqueName(t))
+		if strings.Contains(errs, "BUSY") {
+			if code != exitUnavailable {
+				t.Errorf("status against a BUSY Redis: exit %d, stderr %q; want %d", code, errs, exitUnavailable)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Redis never answered BUSY: exit %d, %q", code, errs)
+		}
+	}
+}
+
+// A wait shorter than a round trip still tries once: a free lock runs the command, an open
+// latch is reported open (as flock -w tries before it waits).
+func TestShortWaitTriesOnce(t *testing.T) {
+	name := uniqueName(t)
+	for _, w := range []string{"1us", "100us"} {
+		if code, out, errs := runDlock(t, "run", "--wait", w, name+"-"+w, "--", "echo", "ran"); code != 0 || strings.TrimSpace(out) != "ran" {
+			t.Errorf("run --wait %s on a free lock: exit %d, stdout %q, stderr %q; want it run", w, code, out, errs)
+		}
+		if code, out, errs := runDlock(t, "latch", "--wait", w, "wait", name); code != 0 || !strings.Contains(out, "open") {
+			t.Errorf("latch wait --wait %s on an open latch: exit %d, stdout %q, stderr %q; want open", w, code, out, errs)
+		}
+	}
+}
+
+// What can never work is a usage error (2) before anything is dialled, also with Redis down
+// (69 would be retried by a script): a latch count that is not a number of at least 1;
+// read-write locks, semaphores, several locks, latches and list on a Redlock.
+func TestHopelessCommandLinesAreUsageErrors(t *testing.T) {
+	name := uniqueName(t)
+	down := []string{"--redis", "redis://127.0.0.1:1"}
+	redlock := []string{"--redis", "redis://127.0.0.1:1", "--redis", "redis://127.0.0.1:2", "--redis", "redis://127.0.0.1:3"}
+	for _, args := range [][]string{
+		append(append([]string{"latch"}, down...), "set", name, "abc"),
+		append(append([]string{"latch"}, down...), "set", name, "0"),
+		append(append([]string{"run", "--read"}, redlock...), name, "--", "true"),
+		append(append([]string{"run", "--write"}, redlock...), name, "--", "true"),
+		append(append([]string{"run", "--permits", "2"}, redlock...), name, "--", "true"),
+		append(append([]string{"run", "--lock", name + "a", "--lock", name + "b"}, redlock...), "--", "true"),
+		append(append([]string{"latch"}, redlock...), "set", name, "2"),
+		append([]string{"list"}, redlock...),
+	} {
+		if code, _, errs := runDlock(t, args...); code != exitUsage {
+			t.Errorf("dlock %q: exit %d, stderr %q; want the usage code %d", args, code, errs, exitUsage)
+		}
+	}
+}
+
+// An operator's tools work on a Redlock with a master down, as long as a quorum answers:
+// status shows the down master as unreachable, release --force breaks the lock on the others.
+func TestRedlockAdminWithAMasterDown(t *testing.T) {
+	var flags []string
+	var servers []*redistest.Server
+	for range 3 {
+		s := redistest.StartT(t, redistest.Config{})
+		servers = append(servers, s)
+		flags = append(flags, "--redis", s.URL())
+	}
+	name := uniqueName(t)
+	servers[2].Kill()
+	if code, out, errs := runDlock(t, append(append([]string{"status"}, flags...), name)...); code != 0 || !strings.Contains(out, "unreachable") || !strings.Contains(errs, "2 of 3 masters") {
+		t.Errorf("status with 1 of 3 masters down: exit %d, stdout %q, stderr %q; want the down one unreachable", code, out, errs)
+	}
+	if code, out, errs := runDlock(t, append(append([]string{"release", "--force"}, flags...), name)...); code != 0 || !strings.Contains(errs, "broken on the other masters") {
+		t.Errorf("release --force with 1 of 3 masters down: exit %d, stdout %q, stderr %q; want it broken on the quorum", code, out, errs)
+	}
+}
+
+// A unix socket's path may hold an @ (it is no password).
+func TestUnixSocketPathWithAnAt(t *testing.T) {
+	rdb, err := openURL("unix:///run/redis@6379/redis.sock")
+	if err != nil {
+		t.Fatalf("openURL(unix:///run/redis@6379/redis.sock) = %v", err)
+	}
+	_ = rdb.Close()
+}
