@@ -235,76 +235,78 @@ func lockName(prefix, key string) (string, bool) {
 }
 
 // globMatch reports whether s matches the glob pattern as Redis's SCAN MATCH has it: * any
-// run of bytes, ? one byte, [abc], [^abc] and [a-z] a byte of (or not of) the set, \x the byte
-// x itself.
+// run of bytes, ? one byte, [abc], [^abc] and [a-z] a byte of (or not of) the set, \\x the byte
+// x itself. A mismatch after a * retries from that * only, one byte further (the last * is
+// the only one worth retrying), so it takes at most len(pattern) × len(s) steps: names come
+// from Redis and patterns from users, and the backtracking over every * would be exponential.
 func globMatch(pattern, s string) bool {
-	for len(pattern) > 0 {
-		switch pattern[0] {
-		case '*':
-			for len(pattern) > 1 && pattern[1] == '*' {
-				pattern = pattern[1:]
+	p, i := 0, 0
+	star, starI := -1, 0 // the last * seen, and where in s its run ends now
+	for i < len(s) || p < len(pattern) {
+		if p < len(pattern) {
+			if pattern[p] == '*' {
+				star, starI = p, i
+				p++
+				continue
 			}
-			if len(pattern) == 1 {
-				return true
-			}
-			for i := 0; i <= len(s); i++ {
-				if globMatch(pattern[1:], s[i:]) {
-					return true
+			if i < len(s) {
+				if width, ok := globOne(pattern[p:], s[i]); ok {
+					p += width
+					i++
+					continue
 				}
 			}
+		}
+		if star < 0 || starI >= len(s) {
 			return false
-		case '?':
-			if len(s) == 0 {
-				return false
-			}
-			pattern, s = pattern[1:], s[1:]
-		case '[':
-			if len(s) == 0 {
-				return false
-			}
-			p := pattern[1:]
-			not := len(p) > 0 && p[0] == '^'
-			if not {
+		}
+		starI++ // the * takes one byte more
+		p, i = star+1, starI
+	}
+	return true
+}
+
+// globOne matches the byte c against the pattern element that starts pattern (not a *): it
+// returns the element's width and whether c matches it.
+func globOne(pattern string, c byte) (width int, ok bool) {
+	switch pattern[0] {
+	case '?':
+		return 1, true
+	case '\\':
+		if len(pattern) > 1 {
+			return 2, pattern[1] == c
+		}
+		return 1, c == '\\'
+	case '[':
+		p := pattern[1:]
+		not := len(p) > 0 && p[0] == '^'
+		if not {
+			p = p[1:]
+		}
+		hit := false
+		for len(p) > 0 && p[0] != ']' {
+			switch {
+			case p[0] == '\\' && len(p) > 1:
+				hit = hit || p[1] == c
+				p = p[2:]
+			case len(p) > 2 && p[1] == '-': // as Redis: "[x-]" is the range x to ]
+				lo, hi := p[0], p[2]
+				if lo > hi {
+					lo, hi = hi, lo
+				}
+				hit = hit || (c >= lo && c <= hi)
+				p = p[3:]
+			default:
+				hit = hit || p[0] == c
 				p = p[1:]
 			}
-			hit := false
-			for len(p) > 0 && p[0] != ']' {
-				switch {
-				case p[0] == '\\' && len(p) > 1:
-					hit = hit || p[1] == s[0]
-					p = p[2:]
-				case len(p) > 2 && p[1] == '-' && p[2] != ']':
-					lo, hi := p[0], p[2]
-					if lo > hi {
-						lo, hi = hi, lo
-					}
-					hit = hit || (s[0] >= lo && s[0] <= hi)
-					p = p[3:]
-				default:
-					hit = hit || p[0] == s[0]
-					p = p[1:]
-				}
-			}
-			if len(p) > 0 {
-				p = p[1:] // the closing ]
-			}
-			if hit == not {
-				return false
-			}
-			pattern, s = p, s[1:]
-		case '\\':
-			if len(pattern) > 1 {
-				pattern = pattern[1:]
-			}
-			fallthrough
-		default:
-			if len(s) == 0 || pattern[0] != s[0] {
-				return false
-			}
-			pattern, s = pattern[1:], s[1:]
 		}
+		if len(p) > 0 {
+			p = p[1:] // the closing ]
+		}
+		return len(pattern) - len(p), hit != not
 	}
-	return len(s) == 0
+	return 1, pattern[0] == c
 }
 
 // globEscape escapes the glob metacharacters of a literal for SCAN MATCH.

@@ -3,45 +3,61 @@ package dlock
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/dlock-go/dlock/internal/redistest"
+	"github.com/dlock-go/dlock/internal/scripts"
 	"github.com/redis/go-redis/v9"
 )
 
-// globMatch agrees with Redis's own SCAN MATCH on every pattern form it implements.
+// globMatch agrees with Redis's own matcher (KEYS) on patterns of every form it implements,
+// including random ones over the bytes that mean something in a pattern, and answers a
+// pattern of many stars that does not match at once (backtracking over every * was
+// exponential: Locks never returned).
 func TestGlobMatchIsRedisMatch(t *testing.T) {
-	rdb := redistest.Client(t)
+	srv := redistest.StartT(t, redistest.Config{})
+	rdb := srv.Client()
+	defer rdb.Close()
 	ctx := context.Background()
-	base := "glob" + strings.ReplaceAll(redistest.Name(t), "#", "") + ":"
-	subjects := []string{"", "a", "ab", "abc", "a}b", "a*", "jobs/clean/up", "order:1:x", "order:1:y", "b", "d", "[x]", `a\b`}
+	subjects := []string{"", "a", "ab", "abc", "a}b", "a*", "jobs/clean/up", "order:1:x", "order:1:y", "b", "d",
+		"[x]", `a\b`, strings.Repeat("a", 40) + "}b"}
+	r := rand.New(rand.NewPCG(1, 2))
+	random := func(alphabet string, n int) string {
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = alphabet[r.IntN(len(alphabet))]
+		}
+		return string(b)
+	}
+	for range 300 {
+		subjects = append(subjects, random(`ab-]^\[`, 1+r.IntN(4)))
+	}
 	for _, s := range subjects {
-		if err := rdb.Set(ctx, base+s, 1, 0).Err(); err != nil {
-			t.Fatal(err)
+		if s != "" {
+			rdb.Set(ctx, s, 1, 0)
 		}
 	}
-	for _, p := range []string{"*", "a", "a*", "a?c", "a?", "[ab]*", "[^ab]", "[a-c]", "[c-a]", `a\*`, `a\}b`,
-		"jobs/*", "*b*", "order:*:x", "*:*", `\[x]`, `[\]]`, `a\\b`, "**c", "?"} {
-		var redis []string
-		iter := rdb.Scan(ctx, 0, globEscape(base)+p, 1000).Iterator()
-		for iter.Next(ctx) {
-			redis = append(redis, strings.TrimPrefix(iter.Val(), base))
-		}
-		if err := iter.Err(); err != nil {
+	patterns := []string{"*", "a", "a*", "a?c", "a?", "[ab]*", "[^ab]", "[a-c]", "[c-a]", `a\*`, `a\}b`,
+		"jobs/*", "*b*", "order:*:x", "*:*", `\[x]`, `[\]]`, `a\\b`, "**c", "?", "[x-]", strings.Repeat("*a", 12)}
+	for range 3000 {
+		patterns = append(patterns, random(`ab-]^\[*?`, 1+r.IntN(5)))
+	}
+	for _, p := range patterns {
+		keys, err := rdb.Keys(ctx, p).Result()
+		if err != nil {
 			t.Fatal(err)
 		}
-		var ours []string
-		for _, s := range subjects {
-			if globMatch(p, s) {
-				ours = append(ours, s)
-			}
+		redis := map[string]bool{}
+		for _, k := range keys {
+			redis[k] = true
 		}
-		slices.Sort(redis)
-		slices.Sort(ours)
-		if !slices.Equal(redis, ours) {
-			t.Errorf("pattern %q: Redis matches %q, globMatch %q", p, redis, ours)
+		for _, s := range subjects {
+			if s != "" && globMatch(p, s) != redis[s] {
+				t.Fatalf("pattern %q, name %q: globMatch says %v, Redis %v", p, s, !redis[s], redis[s])
+			}
 		}
 	}
 }
@@ -98,5 +114,29 @@ func TestLocksListsOnlyTheNamesMatchingItsPattern(t *testing.T) {
 	}
 	if _, _, err := FencedGet(ctx, dead, "res"); !errors.Is(err, ErrUnavailable) {
 		t.Errorf("FencedGet with Redis down = %v, want ErrUnavailable", err)
+	}
+}
+
+// read_fields reads on a master at maxmemory (noeviction), where a script that may write is
+// refused (OOM): it writes nothing, and a latch's Wait or a lease's loss check must not fail
+// because memory is full.
+func TestReadFieldsRunsOnAMasterAtMaxmemory(t *testing.T) {
+	srv := redistest.StartT(t, redistest.Config{})
+	rdb := srv.Client()
+	defer rdb.Close()
+	ctx := context.Background()
+	if err := rdb.HSet(ctx, "h", "#k", "latch", "#n", 2).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.ConfigSet(ctx, "maxmemory", "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.ConfigSet(ctx, "maxmemory", "0")
+	if err := rdb.Set(ctx, "x", 1, 0).Err(); err == nil || !strings.HasPrefix(err.Error(), "OOM") {
+		t.Fatalf("SET at maxmemory 1 = %v; the test needs a server refusing writes", err)
+	}
+	res, err := scripts.ReadFields.Run(ctx, rdb, []string{"h"}, "#k", "#n").Slice()
+	if err != nil || len(res) != 3 || res[0] != int64(1) || res[1] != "latch" || res[2] != "2" {
+		t.Fatalf("read_fields at maxmemory = %v, %v; want [1 latch 2]", res, err)
 	}
 }

@@ -361,14 +361,15 @@ func (n *notifier) poke() {
 }
 
 // isShardRefusal reports whether err is a Cluster node's refusal of a shard channel command:
-// CROSSSLOT, MOVED or ASK.
+// CROSSSLOT, MOVED, ASK, or CLUSTERDOWN (a slot not served by anyone).
 func isShardRefusal(err error) bool {
 	var reply redis.Error
 	if !errors.As(err, &reply) {
 		return false
 	}
 	msg := reply.Error()
-	return strings.HasPrefix(msg, "CROSSSLOT") || strings.HasPrefix(msg, "MOVED") || strings.HasPrefix(msg, "ASK")
+	return strings.HasPrefix(msg, "CROSSSLOT") || strings.HasPrefix(msg, "MOVED") || strings.HasPrefix(msg, "ASK") ||
+		strings.HasPrefix(msg, "CLUSTERDOWN")
 }
 
 // receiveLoop reads the pub/sub connection: confirmations, wake-ups and invalidations. An idle

@@ -2,7 +2,8 @@
 -- runs it instead of HMGET when the Client's go-redis client sends read commands to replicas
 -- (a Cluster client with ReadOnly, RouteByLatency or RouteRandomly): a replica may lag behind
 -- the master, and a lease may end, or a latch open, only on the current master's word. A
--- script is sent to the master, and the "#!lua" line makes a replica refuse it.
+-- script is sent to the master, and its "#!lua" line (without no-writes) makes a replica
+-- refuse it; allow-oom lets it read on a master at maxmemory.
 --
 -- KEYS[1] the key
 -- ARGV    the fields

@@ -80,8 +80,9 @@ var (
 	LatchDown    = lockScript(latchDownSrc)
 	// FenceFloor needs nothing of the library, only the shebang's checks.
 	FenceFloor = sourced(shebang + fenceFloorSrc)
-	// ReadFields reads on the master only: the shebang's checks, nothing of the library.
-	ReadFields = sourced(shebang + readFieldsSrc)
+	// ReadFields reads on the master only (the shebang's checks, nothing of the library), also
+	// when the master is at maxmemory: it writes nothing.
+	ReadFields = sourced("#!lua flags=allow-oom\n" + readFieldsSrc)
 	// FencedSet writes to a resource that may live on any Redis, so it has no shebang.
 	FencedSet = sourced(fencedSetSrc)
 )
