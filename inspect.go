@@ -39,7 +39,8 @@ type LockInfo struct {
 	// Waiters, has no state in Redis at all: never taken, or idle past that clean-up window.
 	Recent bool `json:"recent,omitempty"`
 	// Foreign is set when the lock's key holds something dlock did not write in its current
-	// layout: a value of another type, or a lock of another dlock version.
+	// layout: a value of another type, a hash of someone else's, or a lock of another dlock
+	// version. Held and TTL are then set, and nothing read from its fields (Owner, Token, ...).
 	Foreign bool `json:"foreign,omitempty"`
 	// Masters is, for a Redlock Client (NewRedlock), the lock's state on each master in the
 	// order given, each naming its Master (address, or "master <i>") and, when it could not be
@@ -82,7 +83,9 @@ func (c *Client) Inspect(ctx context.Context, name string) (LockInfo, error) {
 		recent = p.Exists(ctx, k.opLog)
 		return nil
 	})
-	if err != nil && !isRedisReply(fields.Err()) {
+	if err != nil && !isRedisReply(err) {
+		// No answer. A key of another type (WRONGTYPE) at one of the lock's names is an
+		// answer: what it says is reported (Foreign), the rest read as they are.
 		return LockInfo{}, redisErr("inspect", name, err)
 	}
 	info := LockInfo{Name: name, Waiters: int(waiters.Val())}
@@ -93,7 +96,10 @@ func (c *Client) Inspect(ctx context.Context, name string) (LockInfo, error) {
 	info.Held, info.TTL = true, pttl.Val()
 	f := fields.Val()
 	if fields.Err() != nil || f["#v"] != layoutVersion {
-		info.Foreign = true // another type (WRONGTYPE), or another layout
+		// Another type (WRONGTYPE), a hash dlock did not write, or another layout: none of its
+		// fields means here what it means in a lock of this layout.
+		info.Foreign = true
+		return info, nil
 	}
 	info.Token, _ = strconv.ParseUint(f["#t"], 10, 64)
 	switch f["#k"] {

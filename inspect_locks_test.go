@@ -140,3 +140,30 @@ func TestReadFieldsRunsOnAMasterAtMaxmemory(t *testing.T) {
 		t.Fatalf("read_fields at maxmemory = %v, %v; want [1 latch 2]", res, err)
 	}
 }
+
+// Inspect reports what it can of a name whose keys hold values dlock did not write: a foreign
+// hash at the lock key is Foreign with no Owner or Token read from its fields, and a key of
+// another type at the queue's name does not make the read (nor Locks) fail.
+func TestInspectForeignValues(t *testing.T) {
+	rdb := redistest.Client(t)
+	ctx := context.Background()
+	c := New(rdb)
+	defer c.Close(ctx)
+	name := redistest.Name(t)
+	k := lockKeys(c.cfg.keyPrefix(), name)
+	rdb.HSet(ctx, k.lock, "alice", "3", "#t", "77")
+	info, err := c.Inspect(ctx, name)
+	if err != nil || !info.Foreign || !info.Held || info.Owner != "" || info.Token != 0 || info.HoldCount != 0 {
+		t.Errorf("Inspect of a foreign hash = %+v, %v; want Held and Foreign, no Owner, Token or HoldCount", info, err)
+	}
+	other := redistest.Name(t)
+	l, err := c.Mutex(other).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Unlock(ctx)
+	rdb.Set(ctx, lockKeys(c.cfg.keyPrefix(), other).queue, "not a queue", 0)
+	if info, err := c.Inspect(ctx, other); err != nil || !info.Held || info.Owner == "" {
+		t.Errorf("Inspect with a string at the queue's key = %+v, %v; want the held lock read", info, err)
+	}
+}
