@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/internal/redistest"
 )
 
@@ -130,4 +131,83 @@ func TestUnixSocketPathWithAnAt(t *testing.T) {
 		t.Fatalf("openURL(unix:///run/redis@6379/redis.sock) = %v", err)
 	}
 	_ = rdb.Close()
+}
+
+// release --force on a Redlock succeeds only when the masters that broke the lock leave too
+// few others for a quorum: here A refuses scripts (NOREPLICAS) and B cannot be reached, so
+// only C breaks it, a quorum (A, B) may still hold it, and release fails. (It read the lock
+// back through Inspect, which counts only the masters that answer, and said it was broken.)
+func TestRedlockReleaseNeedsAllButLessThanAQuorum(t *testing.T) {
+	ctx := context.Background()
+	var servers []*redistest.Server
+	for range 3 {
+		servers = append(servers, redistest.StartT(t, redistest.Config{}))
+	}
+	name := uniqueName(t)
+	for _, s := range servers {
+		c := s.Client()
+		defer c.Close()
+		dl := dlock.New(c, dlock.WithOwner("op-x"), dlock.WithTTL(time.Minute), dlock.WithoutCohort())
+		defer dl.Close(ctx)
+		if _, err := dl.Mutex(name).TryLock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a := servers[0].Client()
+	defer a.Close()
+	if err := a.ConfigSet(ctx, "min-replicas-to-write", "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errs := runDlock(t, "release", "--force", "--redis", servers[0].URL(), "--redis", "redis://127.0.0.1:1", "--redis", servers[2].URL(), name)
+	if code == 0 || !strings.Contains(errs, "2 of 3 masters could not break the lock") {
+		t.Errorf("release --force with one master refusing and one unreachable: exit %d, stdout %q, stderr %q; want a failure", code, out, errs)
+	}
+	if err := a.ConfigSet(ctx, "min-replicas-to-write", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errs = runDlock(t, "release", "--force", "--redis", servers[0].URL(), "--redis", "redis://127.0.0.1:1", "--redis", servers[2].URL(), name)
+	if code != 0 || !strings.Contains(out, "released") || !strings.Contains(errs, "too few left for a quorum") {
+		t.Errorf("release --force with one master unreachable: exit %d, stdout %q, stderr %q; want it released, with a warning", code, out, errs)
+	}
+}
+
+// --wait waits out a Redis that cannot serve for a moment (NOREPLICAS here), as Lock does,
+// also after its first try.
+func TestWaitOutlastsAMomentaryRefusal(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.StartT(t, redistest.Config{})
+	rdb := srv.Client()
+	defer rdb.Close()
+	if err := rdb.ConfigSet(ctx, "min-replicas-to-write", "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	reset := time.AfterFunc(time.Second, func() { _ = rdb.ConfigSet(ctx, "min-replicas-to-write", "0").Err() })
+	defer reset.Stop()
+	code, out, errs := runDlock(t, "run", "--redis", srv.URL(), "--wait", "20s", uniqueName(t), "--", "echo", "ran")
+	if code != 0 || strings.TrimSpace(out) != "ran" {
+		t.Errorf("run --wait 20s with Redis refusing writes for 1 s: exit %d, stdout %q, stderr %q; want it run", code, out, errs)
+	}
+}
+
+// PING answered with an error that retrying never mends (a database the server does not have)
+// exits 1, not 69 (Redis unavailable, which a script retries).
+func TestPingErrorThatLastsIsNotUnavailable(t *testing.T) {
+	u := redistest.Shared(t).URL()
+	if strings.HasPrefix(u, "unix://") {
+		u += "?db=99"
+	} else {
+		u += "/99"
+	}
+	if code, _, errs := runDlock(t, "status", "--redis", u, uniqueName(t)); code != exitError || !strings.Contains(errs, "DB index is out of range") {
+		t.Errorf("status --redis %s (db 99 of 16): exit %d, stderr %q; want %d", u, code, errs, exitError)
+	}
+}
+
+// A unix URL whose password holds a / reads as a host and a path with an @: refused, and not
+// shown.
+func TestUnixURLWithAPasswordSlashIsNotShown(t *testing.T) {
+	code, out, errs := runDlock(t, "status", "--redis", "unix://user:12/s3cr3t@/nonexistent/redis.sock", uniqueName(t))
+	if code != exitUsage || strings.Contains(errs+out, "s3cr3t") {
+		t.Errorf("exit %d, stderr %q; want a usage error that does not show the password", code, errs)
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -220,20 +221,57 @@ locks; this needs --force.`,
 	return c
 }
 
+// releaseRedlock breaks a Redlock's lock master by master. It succeeds when the masters that
+// broke it (or found it free) leave too few others for a quorum, which alone could still hold
+// it; the others are named in a warning.
+func releaseRedlock(common *commonFlags, name string) (broke bool, err error) {
+	conn, err := connect(common.redis, false)
+	if err != nil {
+		return false, err
+	}
+	defer conn.close()
+	ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
+	defer cancel()
+	n := len(conn.masters)
+	held := make([]bool, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i, m := range conn.masters {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			dl := dlock.New(m, dlock.WithKeyPrefix(common.prefix))
+			defer dl.Close(context.Background())
+			held[i], errs[i] = dl.ForceRelease(ctx, name)
+		}()
+	}
+	wg.Wait()
+	var failed []error
+	for i, e := range errs {
+		if e != nil {
+			failed = append(failed, fmt.Errorf("master %d (%s): %w", i+1, shownURL(common.redis[i]), e))
+		}
+	}
+	if quorum := n/2 + 1; len(failed) >= quorum {
+		return false, fmt.Errorf("%d of %d masters could not break the lock, enough for a quorum still to hold it: %w", len(failed), n, errors.Join(failed...))
+	}
+	for _, e := range failed {
+		fmt.Fprintf(warnings, "dlock: warning: %v; broken on the other masters, too few left for a quorum to hold it\n", e)
+	}
+	return slices.Contains(held, true), nil
+}
+
 func release(stdout io.Writer, common *commonFlags, name string) error {
 	var broke bool
-	err := withAdmin(common, func(ctx context.Context, dl *dlock.Client) (err error) {
-		broke, err = dl.ForceRelease(ctx, name)
-		if err != nil && common.redlock() && errors.Is(err, dlock.ErrUnavailable) {
-			// Some masters gave no answer. Broken on a quorum of the others, no quorum can hold
-			// the lock any more: read it back (Inspect answers when a quorum does).
-			if info, ierr := dl.Inspect(ctx, name); ierr == nil && !info.Held {
-				fmt.Fprintf(warnings, "dlock: warning: %v; broken on the other masters\n", err)
-				return nil
-			}
-		}
-		return err
-	})
+	var err error
+	if common.redlock() {
+		broke, err = releaseRedlock(common, name)
+	} else {
+		err = withAdmin(common, func(ctx context.Context, dl *dlock.Client) (err error) {
+			broke, err = dl.ForceRelease(ctx, name)
+			return err
+		})
+	}
 	if err != nil {
 		return err
 	}

@@ -602,7 +602,8 @@ func acquire(m locker, once bool, wait time.Duration, sigs <-chan os.Signal) (*d
 		// would otherwise end before any attempt reached Redis, and call a free lock held.
 		start := time.Now()
 		l, err = m.TryLock(ctx)
-		if left := wait - time.Since(start); errors.Is(err, dlock.ErrNotObtained) && ctx.Err() == nil && left > 0 {
+		retry := errors.Is(err, dlock.ErrNotObtained) || errors.Is(err, dlock.ErrUnavailable) // Lock waits that out
+		if left := wait - time.Since(start); retry && ctx.Err() == nil && left > 0 {
 			wctx, wcancel := context.WithTimeout(ctx, left)
 			l, err = m.Lock(wctx)
 			wcancel()

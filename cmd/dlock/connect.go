@@ -102,23 +102,33 @@ func connect(flagURLs []string, throwaway bool) (*connection, error) {
 // warnings is where dlock writes what it goes on despite (run sets it to its stderr).
 var warnings io.Writer = os.Stderr
 
-// pingError says why Redis at url did not answer PING: a refusal (a wrong password, a user
-// without the permission) is not Redis being down, and exits with another code. Any other
-// answer (LOADING, BUSY, MASTERDOWN, ...) says Redis cannot serve now: unavailable.
+// pingError says why Redis at url did not answer PING. No answer, or one saying it cannot
+// serve now (LOADING, BUSY, ...), is Redis unavailable (exit 69, worth retrying); a refusal
+// (a wrong password, a user without the permission) or any other error answer (a database
+// index out of range, PING renamed) is a mistake to fix, which retrying never mends.
 func pingError(url string, err error) error {
 	at := shownURL(url)
 	var reply redis.Error
-	if errors.As(err, &reply) && refusal(reply.Error()) {
+	switch {
+	case !errors.As(err, &reply) || hasPrefix(reply.Error(), notNow):
+		return hinted{unreachable{fmt.Errorf("cannot reach Redis at %s: %w", at, err)}, "check that Redis is running and the URL is right"}
+	case hasPrefix(reply.Error(), refusals):
 		return hinted{fmt.Errorf("Redis at %s refused PING: %w", at, err), "check the user and password in the URL, and the user's ACL"}
 	}
-	return hinted{unreachable{fmt.Errorf("cannot reach Redis at %s: %w", at, err)}, "check that Redis is running and the URL is right"}
+	return hinted{fmt.Errorf("Redis at %s answered PING with an error: %w", at, err), "check the URL's options (the database number) and the server's settings"}
 }
 
-// refusal reports whether a Redis error reply refuses the client (authentication, ACL) rather
-// than saying the server cannot serve now.
-func refusal(reply string) bool {
-	for _, p := range []string{"NOAUTH", "WRONGPASS", "NOPERM", "ERR AUTH", "ERR invalid password", "ERR Client sent AUTH"} {
-		if strings.HasPrefix(reply, p) {
+// Error replies that refuse the client (authentication, ACL), and those that say the server
+// cannot serve now (the ones the library counts as unavailable, redis_errors.go).
+var (
+	refusals = []string{"NOAUTH", "WRONGPASS", "NOPERM", "ERR AUTH", "ERR invalid password", "ERR Client sent AUTH"}
+	notNow   = []string{"LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS", "ERR max number of clients"}
+)
+
+// hasPrefix reports whether s starts with one of prefixes.
+func hasPrefix(s string, prefixes []string) bool {
+	for _, p := range prefixes {
+		if strings.HasPrefix(s, p) {
 			return true
 		}
 	}
@@ -164,7 +174,9 @@ func misplacedAt(u string) bool {
 	if err != nil {
 		return false
 	}
-	if p.Fragment != "" || strings.HasSuffix(u, "#") || (p.Scheme != "unix" && strings.Contains(p.EscapedPath(), "@")) {
+	// A unix socket's path may hold an @, but not after a host: a unix URL has none, and
+	// "unix://user:12/pw@/path" is a password holding a / read as host and path.
+	if p.Fragment != "" || strings.HasSuffix(u, "#") || ((p.Scheme != "unix" || p.Host != "") && strings.Contains(p.EscapedPath(), "@")) {
 		return true
 	}
 	for k := range p.Query() {
