@@ -145,6 +145,10 @@ func (c *Client) Locks(ctx context.Context, pattern string) ([]LockInfo, error) 
 	}
 	prefix := c.cfg.keyPrefix()
 	match := globEscape(prefix) + "{" + pattern + "}*"
+	if trailing := len(pattern) - len(strings.TrimRight(pattern, `\`)); trailing%2 == 1 {
+		// A lone \ at the end would escape the }: scan wider, globMatch filters.
+		match = globEscape(prefix) + "{*"
+	}
 	seen := map[string]bool{}
 	scan := func(ctx context.Context, node redis.Cmdable) error {
 		iter := node.Scan(ctx, 0, match, 1000).Iterator()
@@ -296,11 +300,13 @@ func globOne(pattern string, c byte) (width int, ok bool) {
 				hit = hit || p[1] == c
 				p = p[2:]
 			case len(p) > 2 && p[1] == '-': // as Redis: "[x-]" is the range x to ]
-				lo, hi := p[0], p[2]
+				// Redis compares a range's bytes as C chars, signed: bytes from 0x80 up sort
+				// below 0.
+				lo, hi, b := int8(p[0]), int8(p[2]), int8(c)
 				if lo > hi {
 					lo, hi = hi, lo
 				}
-				hit = hit || (c >= lo && c <= hi)
+				hit = hit || (b >= lo && b <= hi)
 				p = p[3:]
 			default:
 				hit = hit || p[0] == c

@@ -23,7 +23,7 @@ func TestGlobMatchIsRedisMatch(t *testing.T) {
 	defer rdb.Close()
 	ctx := context.Background()
 	subjects := []string{"", "a", "ab", "abc", "a}b", "a*", "jobs/clean/up", "order:1:x", "order:1:y", "b", "d",
-		"[x]", `a\b`, strings.Repeat("a", 40) + "}b"}
+		"[x]", `a\b`, strings.Repeat("a", 40) + "}b", "\xff", "\x80b", "é"}
 	r := rand.New(rand.NewPCG(1, 2))
 	random := func(alphabet string, n int) string {
 		b := make([]byte, n)
@@ -41,7 +41,8 @@ func TestGlobMatchIsRedisMatch(t *testing.T) {
 		}
 	}
 	patterns := []string{"*", "a", "a*", "a?c", "a?", "[ab]*", "[^ab]", "[a-c]", "[c-a]", `a\*`, `a\}b`,
-		"jobs/*", "*b*", "order:*:x", "*:*", `\[x]`, `[\]]`, `a\\b`, "**c", "?", "[x-]", strings.Repeat("*a", 12)}
+		"jobs/*", "*b*", "order:*:x", "*:*", `\[x]`, `[\]]`, `a\\b`, "**c", "?", "[x-]", strings.Repeat("*a", 12),
+		"[a-\xff]", "[\x80-b]*", "[^a-\xff]"} // Redis compares range bytes as signed C chars
 	for range 3000 {
 		patterns = append(patterns, random(`ab-]^\[*?`, 1+r.IntN(5)))
 	}
@@ -73,7 +74,7 @@ func TestLocksListsOnlyTheNamesMatchingItsPattern(t *testing.T) {
 	prefix := "locks" + strings.ReplaceAll(redistest.Name(t), "#", "") + ":"
 	c := New(rdb, WithKeyPrefix(prefix))
 	defer c.Close(ctx)
-	for _, name := range []string{"a", "a}b", "jobs/clean/up"} {
+	for _, name := range []string{"a", "a}b", "jobs/clean/up", `a\`} {
 		l, err := c.Mutex(name).Lock(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -87,9 +88,10 @@ func TestLocksListsOnlyTheNamesMatchingItsPattern(t *testing.T) {
 	}
 	for pattern, want := range map[string][]string{
 		"a":       {"a"},
-		"a*":      {"a", "a}b"},
+		"a*":      {"a", `a\`, "a}b"},
 		"jobs/*":  {"jobs/clean/up"},
-		"*":       {"a", "a}b", "jobs/clean/up"},
+		"*":       {"a", `a\`, "a}b", "jobs/clean/up"},
+		`a\`:      {`a\`}, // a lone \ at the end of the pattern would escape SCAN's }
 		"a}b":     {"a}b"},
 		"nothing": nil,
 	} {
