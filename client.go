@@ -141,8 +141,9 @@ func newClient(rdb redis.UniversalClient, opts []Option) *Client {
 	c.publishCmd = "PUBLISH"
 	if cc, ok := rdb.(*redis.ClusterClient); ok {
 		c.publishCmd = "SPUBLISH" // one shard, not the whole cluster bus
-		if o := cc.Options(); o.ReadOnly || o.RouteByLatency || o.RouteRandomly {
-			c.replicaReads = true
+		if cc != nil { // a nil one is reported by New, as ErrInvalid from every call
+			o := cc.Options()
+			c.replicaReads = o.ReadOnly || o.RouteByLatency || o.RouteRandomly
 		}
 	}
 	c.bg, c.stop = context.WithCancel(context.Background())
