@@ -21,6 +21,23 @@ func twoSlotNames(t *testing.T) (string, string) {
 	}
 }
 
+// oneNodeCluster starts a Cluster of one node and returns it, a client of the node itself, and
+// two dlock Clients over a Cluster client: a holder, and a waiter without cohorting (each of
+// its waits is a Redis waiter). All are closed at the test's end.
+func oneNodeCluster(t *testing.T) (srv *redistest.Server, node *redis.Client, holder, waiter *dlock.Client) {
+	srv = redistest.StartT(t, redistest.Config{Cluster: true})
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{srv.Addr}})
+	node = srv.Client()
+	holder, waiter = dlock.New(cc), dlock.New(cc, dlock.WithoutCohort())
+	t.Cleanup(func() {
+		_ = waiter.Close(context.Background())
+		_ = holder.Close(context.Background())
+		_ = node.Close()
+		_ = cc.Close()
+	})
+	return srv, node, holder, waiter
+}
+
 // shardSubscribersOn waits up to limit for the shard channels' subscriber counts on the node to
 // be want, and returns the counts it saw last.
 func shardSubscribersOn(t *testing.T, node *redis.Client, want int64, limit time.Duration, chans ...string) map[string]int64 {
@@ -46,16 +63,8 @@ func shardSubscribersOn(t *testing.T, node *redis.Client, want int64, limit time
 // again and every later release reached the waiters only by their 250 ms retry.
 func TestClusterReleaseChannelsOnTwoSlotsSurviveAPubSubReset(t *testing.T) {
 	a, b := twoSlotNames(t)
-	srv := redistest.StartT(t, redistest.Config{Cluster: true})
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{srv.Addr}})
-	defer cc.Close()
-	node := srv.Client()
-	defer node.Close()
+	srv, node, holder, waiter := oneNodeCluster(t)
 	ctx := ctxT(t)
-	holder := dlock.New(cc)
-	defer holder.Close(ctx)
-	waiter := dlock.New(cc, dlock.WithoutCohort())
-	defer waiter.Close(ctx)
 	got := make(chan error, 2)
 	var held []*dlock.Lease
 	for _, name := range []string{a, b} {
@@ -99,16 +108,8 @@ func TestClusterReleaseChannelsOnTwoSlotsSurviveAPubSubReset(t *testing.T) {
 func TestClusterIdleReleaseChannelsOnTwoSlotsAreUnsubscribed(t *testing.T) {
 	dlock.SetIdleChannelAfter(t, 300*time.Millisecond)
 	a, b := twoSlotNames(t)
-	srv := redistest.StartT(t, redistest.Config{Cluster: true})
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{srv.Addr}})
-	defer cc.Close()
-	node := srv.Client()
-	defer node.Close()
+	_, node, holder, waiter := oneNodeCluster(t)
 	ctx := ctxT(t)
-	holder := dlock.New(cc)
-	defer holder.Close(ctx)
-	waiter := dlock.New(cc, dlock.WithoutCohort())
-	defer waiter.Close(ctx)
 	var chans []string
 	for _, name := range []string{a, b} {
 		held, err := holder.Mutex(name).Lock(ctx)
