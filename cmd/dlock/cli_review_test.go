@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -209,5 +210,48 @@ func TestUnixURLWithAPasswordSlashIsNotShown(t *testing.T) {
 	code, out, errs := runDlock(t, "status", "--redis", "unix://user:12/s3cr3t@/nonexistent/redis.sock", uniqueName(t))
 	if code != exitUsage || strings.Contains(errs+out, "s3cr3t") {
 		t.Errorf("exit %d, stderr %q; want a usage error that does not show the password", code, errs)
+	}
+}
+
+// A master answering MISCONF (a failed background save, with stop-writes-on-bgsave-error)
+// cannot serve writes until a save succeeds: Redis unavailable, exit 69 for one deployment,
+// and a Redlock goes on with the others. A Redlock given one server three times is refused by
+// release --force as by every other command.
+func TestMisconfIsUnavailableAndReleaseChecksTheMasters(t *testing.T) {
+	ctx := context.Background()
+	var servers []*redistest.Server
+	for range 3 {
+		servers = append(servers, redistest.StartT(t, redistest.Config{Args: []string{"--enable-protected-configs", "yes"}}))
+	}
+	rdb := servers[2].Client()
+	defer rdb.Close()
+	dir := t.TempDir() + "/gone"
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, kv := range [][2]string{{"save", "3600 1"}, {"stop-writes-on-bgsave-error", "yes"}, {"dir", dir}} {
+		if err := rdb.ConfigSet(ctx, kv[0], kv[1]).Err(); err != nil {
+			t.Fatal(kv, err)
+		}
+	}
+	if err := os.Remove(dir); err != nil { // the save cannot write its file
+		t.Fatal(err)
+	}
+	rdb.BgSave(ctx)
+	for deadline := time.Now().Add(10 * time.Second); rdb.Ping(ctx).Err() == nil; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the server never answered MISCONF")
+		}
+	}
+	if code, _, errs := runDlock(t, "run", "--redis", servers[2].URL(), uniqueName(t), "--", "true"); code != exitUnavailable || !strings.Contains(errs, "MISCONF") {
+		t.Errorf("run against a MISCONF Redis: exit %d, stderr %q; want %d", code, errs, exitUnavailable)
+	}
+	redlock := []string{"--redis", servers[0].URL(), "--redis", servers[1].URL(), "--redis", servers[2].URL()}
+	if code, out, errs := runDlock(t, append(append([]string{"run"}, redlock...), uniqueName(t), "--", "echo", "ran")...); code != 0 || strings.TrimSpace(out) != "ran" || !strings.Contains(errs, "2 of 3 masters") {
+		t.Errorf("Redlock run with one master MISCONF: exit %d, stdout %q, stderr %q; want it run with a warning", code, out, errs)
+	}
+	u := servers[0].URL()
+	if code, out, errs := runDlock(t, "release", "--force", "--redis", u, "--redis", u, "--redis", u, uniqueName(t)); code != exitUsage {
+		t.Errorf("release --force with one server given 3 times: exit %d, stdout %q, stderr %q; want the usage code", code, out, errs)
 	}
 }

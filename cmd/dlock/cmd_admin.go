@@ -232,6 +232,13 @@ func releaseRedlock(common *commonFlags, name string) (broke bool, err error) {
 	defer conn.close()
 	ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
 	defer cancel()
+	// The Redlock's own checks first (a server given twice is no quorum): a bad set of masters
+	// is refused as the other commands refuse it.
+	rl := conn.client(dlock.WithKeyPrefix(common.prefix))
+	defer rl.Close(context.Background())
+	if _, err := rl.Inspect(ctx, name); errors.Is(err, dlock.ErrInvalid) {
+		return false, err
+	}
 	n := len(conn.masters)
 	held := make([]bool, n)
 	errs := make([]error, n)

@@ -122,7 +122,7 @@ func pingError(url string, err error) error {
 // cannot serve now (the ones the library counts as unavailable, redis_errors.go).
 var (
 	refusals = []string{"NOAUTH", "WRONGPASS", "NOPERM", "ERR AUTH", "ERR invalid password", "ERR Client sent AUTH"}
-	notNow   = []string{"LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS", "ERR max number of clients"}
+	notNow   = []string{"LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS", "MISCONF", "ERR max number of clients"}
 )
 
 // hasPrefix reports whether s starts with one of prefixes.
