@@ -141,7 +141,8 @@ func newClient(rdb redis.UniversalClient, opts []Option) *Client {
 	c.publishCmd = "PUBLISH"
 	if cc, ok := rdb.(*redis.ClusterClient); ok {
 		c.publishCmd = "SPUBLISH" // one shard, not the whole cluster bus
-		if cc != nil { // a nil one is reported by New, as ErrInvalid from every call
+		// A nil one is reported by New, as ErrInvalid from every call.
+		if cc != nil {
 			o := cc.Options()
 			c.replicaReads = o.ReadOnly || o.RouteByLatency || o.RouteRandomly
 		}

@@ -83,10 +83,16 @@ func (c *Client) Inspect(ctx context.Context, name string) (LockInfo, error) {
 		recent = p.Exists(ctx, k.opLog)
 		return nil
 	})
-	if err != nil && !isRedisReply(err) {
-		// No answer. A key of another type (WRONGTYPE) at one of the lock's names is an
-		// answer: what it says is reported (Foreign), the rest read as they are.
-		return LockInfo{}, redisErr("inspect", name, err)
+	if err != nil {
+		// Each read must have its answer: a key of another type at one of the lock's names
+		// (WRONGTYPE) is one, reported below (Foreign) while the rest read as they are; any
+		// other error (no answer, BUSY, NOPERM) fails the whole read rather than show a held
+		// lock as free.
+		for _, cmd := range []redis.Cmder{exists, fields, pttl, waiters, recent} {
+			if err := cmd.Err(); err != nil && !isWrongType(err) {
+				return LockInfo{}, redisErr("inspect", name, err)
+			}
+		}
 	}
 	info := LockInfo{Name: name, Waiters: int(waiters.Val())}
 	if exists.Val() == 0 {
@@ -145,8 +151,9 @@ func (c *Client) Locks(ctx context.Context, pattern string) ([]LockInfo, error) 
 	}
 	prefix := c.cfg.keyPrefix()
 	match := globEscape(prefix) + "{" + pattern + "}*"
-	if trailing := len(pattern) - len(strings.TrimRight(pattern, `\`)); trailing%2 == 1 {
-		// A lone \ at the end would escape the }: scan wider, globMatch filters.
+	if trailing := len(pattern) - len(strings.TrimRight(pattern, `\`)); trailing%2 == 1 || strings.Contains(pattern, "[") {
+		// A lone \ at the end would escape the }, an unclosed [ take it into its class: scan
+		// wider, globMatch filters.
 		match = globEscape(prefix) + "{*"
 	}
 	seen := map[string]bool{}
@@ -324,11 +331,11 @@ func globOne(pattern string, c byte) (width int, ok bool) {
 // globEscape escapes the glob metacharacters of a literal for SCAN MATCH.
 func globEscape(s string) string {
 	var b strings.Builder
-	for _, r := range s {
-		if strings.ContainsRune(`*?[]\`, r) {
+	for i := 0; i < len(s); i++ { // bytes: a prefix need not be UTF-8
+		if strings.IndexByte(`*?[]\`, s[i]) >= 0 {
 			b.WriteByte('\\')
 		}
-		b.WriteRune(r)
+		b.WriteByte(s[i])
 	}
 	return b.String()
 }

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/dlock-go/dlock/internal/redistest"
 	"github.com/dlock-go/dlock/internal/scripts"
@@ -92,6 +93,7 @@ func TestLocksListsOnlyTheNamesMatchingItsPattern(t *testing.T) {
 		"jobs/*":  {"jobs/clean/up"},
 		"*":       {"a", `a\`, "a}b", "jobs/clean/up"},
 		`a\`:      {`a\`}, // a lone \ at the end of the pattern would escape SCAN's }
+		"[a":      {"a"},  // so would an unclosed class take it in
 		"a}b":     {"a}b"},
 		"nothing": nil,
 	} {
@@ -167,5 +169,76 @@ func TestInspectForeignValues(t *testing.T) {
 	rdb.Set(ctx, lockKeys(c.cfg.keyPrefix(), other).queue, "not a queue", 0)
 	if info, err := c.Inspect(ctx, other); err != nil || !info.Held || info.Owner == "" {
 		t.Errorf("Inspect with a string at the queue's key = %+v, %v; want the held lock read", info, err)
+	}
+}
+
+// Inspect fails when one of its reads is refused or cannot be served, rather than show a held
+// lock as free or without its waiters: NOPERM on the lock's other keys (an operator's ACL
+// granting the lock key only), BUSY (a script running long). A Redlock's view of a lock that
+// a quorum of masters hold as values dlock did not write is Held and Foreign, with their TTL.
+// Locks works under a key prefix that is not UTF-8.
+func TestInspectRefusedOrBusyAndForeignOnARedlock(t *testing.T) {
+	srv := redistest.StartT(t, redistest.Config{Args: []string{"--busy-reply-threshold", "50"}})
+	rdb := srv.Client()
+	defer rdb.Close()
+	ctx := context.Background()
+	c := New(rdb, WithKeyPrefix("ins:"))
+	defer c.Close(ctx)
+	l, err := c.Mutex("job").Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Unlock(ctx)
+	if err := srv.AddACLUser(ctx, "ops", "pw", "+@all", "~ins:{job}", "&*"); err != nil {
+		t.Fatal(err)
+	}
+	ops := srv.ClientFor("ops", "pw")
+	defer ops.Close()
+	oc := New(ops, WithKeyPrefix("ins:"))
+	defer oc.Close(ctx)
+	if info, err := oc.Inspect(ctx, "job"); err == nil || !strings.Contains(err.Error(), "NOPERM") {
+		t.Errorf("Inspect with the queue's read refused = %+v, %v; want the NOPERM error", info, err)
+	}
+
+	odd := New(rdb, WithKeyPrefix("p\xff:"))
+	defer odd.Close(ctx)
+	lo, err := odd.Mutex("a").Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lo.Unlock(ctx)
+	if list, err := odd.Locks(ctx, "*"); err != nil || len(list) != 1 || list[0].Name != "a" {
+		t.Errorf("Locks under the prefix p\\xff: = %+v, %v; want [a]", list, err)
+	}
+
+	busy := srv.Client()
+	defer busy.Close()
+	done := make(chan struct{})
+	go func() { defer close(done); busy.Eval(context.Background(), "while true do end", nil) }()
+	for rdb.Ping(ctx).Err() == nil { // until Redis answers BUSY
+		time.Sleep(5 * time.Millisecond)
+	}
+	info, err := c.Inspect(ctx, "job")
+	for rdb.ScriptKill(ctx).Err() != nil {
+		time.Sleep(5 * time.Millisecond)
+	}
+	<-done
+	if !errors.Is(err, ErrUnavailable) {
+		t.Errorf("Inspect of a held lock while Redis is BUSY = %+v, %v; want ErrUnavailable", info, err)
+	}
+
+	var masters []redis.UniversalClient
+	for range 3 {
+		m := redistest.StartT(t, redistest.Config{}).Client()
+		defer m.Close()
+		key := lockKeys(DefaultKeyPrefix, "f").lock
+		m.HSet(ctx, key, "owner-1", "1")
+		m.PExpire(ctx, key, time.Minute)
+		masters = append(masters, m)
+	}
+	rl := NewRedlock(masters)
+	defer rl.Close(ctx)
+	if info, err := rl.Inspect(ctx, "f"); err != nil || !info.Foreign || !info.Held || info.TTL <= 0 || info.Owner != "" {
+		t.Errorf("Redlock Inspect of a foreign hash on every master = %+v, %v; want Held and Foreign, with the TTL, no Owner", info, err)
 	}
 }

@@ -602,7 +602,13 @@ func (t *redlockTake) onMasters(ctx context.Context, is []int, what string, call
 	return vals, errs
 }
 
-// inspect reads the lock on every master at once (Client.Inspect).
+// foreignHolder groups the masters whose key holds something dlock did not write (no owner id
+// starts with a NUL byte).
+const foreignHolder = "\x00foreign"
+
+// inspect reads the lock on every master at once (Client.Inspect). The quorum's view is Held
+// by the owner holding the lock on a quorum of the masters, or Foreign when a quorum holds
+// values dlock did not write; each master's own state is in Masters.
 func (r *redlock) inspect(ctx context.Context, name string) (LockInfo, error) {
 	infos := make([]LockInfo, len(r.nodes))
 	errs := make([]error, len(r.nodes))
@@ -622,9 +628,11 @@ func (r *redlock) inspect(ctx context.Context, name string) (LockInfo, error) {
 		}
 		answered++
 		info.Waiters = max(info.Waiters, m.Waiters)
-		info.Foreign = info.Foreign || m.Foreign
 		info.Recent = info.Recent || m.Recent || m.Held // used lately on one master at least
-		if m.Held && m.Owner != "" {
+		switch {
+		case m.Held && m.Foreign:
+			byOwner[foreignHolder] = append(byOwner[foreignHolder], m)
+		case m.Held && m.Owner != "":
 			owner := callOwner(m.Owner)
 			byOwner[owner] = append(byOwner[owner], m)
 		}
@@ -635,6 +643,10 @@ func (r *redlock) inspect(ctx context.Context, name string) (LockInfo, error) {
 		}
 		ttls := make([]time.Duration, 0, len(ms))
 		info.Held, info.Owner, info.HoldCount = true, owner, ms[0].HoldCount
+		if owner == foreignHolder {
+			// Held, on a quorum, by values dlock did not write: no owner to name.
+			info.Owner, info.Foreign = "", true
+		}
 		for _, m := range ms {
 			info.Token = max(info.Token, m.Token)
 			ttls = append(ttls, m.TTL)
