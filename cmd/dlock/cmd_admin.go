@@ -234,9 +234,12 @@ func releaseRedlock(common *commonFlags, name string) (broke bool, err error) {
 	defer cancel()
 	// The Redlock's own checks first (a server given twice is no quorum): a bad set of masters
 	// is refused as the other commands refuse it.
+	// Its ctx is ended: the checks need no server, and a hung master must not hold them up.
 	rl := conn.client(dlock.WithKeyPrefix(common.prefix))
 	defer rl.Close(context.Background())
-	if _, err := rl.Inspect(ctx, name); errors.Is(err, dlock.ErrInvalid) {
+	checked, stop := context.WithCancel(ctx)
+	stop()
+	if _, err := rl.Inspect(checked, name); errors.Is(err, dlock.ErrInvalid) {
 		return false, err
 	}
 	n := len(conn.masters)

@@ -119,7 +119,8 @@ func pingError(url string, err error) error {
 }
 
 // Error replies that refuse the client (authentication, ACL), and those that say the server
-// cannot serve now (the ones the library counts as unavailable, redis_errors.go).
+// cannot serve now (those the library counts as unavailable, redis_errors.go, and a full
+// client table).
 var (
 	refusals = []string{"NOAUTH", "WRONGPASS", "NOPERM", "ERR AUTH", "ERR invalid password", "ERR Client sent AUTH"}
 	notNow   = []string{"LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS", "MISCONF", "ERR max number of clients"}
