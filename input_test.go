@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -185,5 +186,41 @@ func TestNilContextIsRefused(t *testing.T) {
 	}
 	if _, err := c.Mutex(name).TryLock(ctx); !errors.Is(err, dlock.ErrClosed) {
 		t.Errorf("TryLock after Close(nil): %v, want ErrClosed", err)
+	}
+}
+
+// A master that cannot persist (MISCONF: a failed background save, with
+// stop-writes-on-bgsave-error) cannot serve writes until a save succeeds: TryLock returns
+// ErrUnavailable, which Lock waits out, not a plain error; nothing is written.
+func TestMisconfIsUnavailable(t *testing.T) {
+	srv := redistest.StartT(t, redistest.Config{Args: []string{"--enable-protected-configs", "yes"}})
+	rdb := srv.Client()
+	defer rdb.Close()
+	ctx := ctxT(t)
+	dir := t.TempDir() + "/gone"
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, kv := range [][2]string{{"save", "3600 1"}, {"stop-writes-on-bgsave-error", "yes"}, {"dir", dir}} {
+		if err := rdb.ConfigSet(ctx, kv[0], kv[1]).Err(); err != nil {
+			t.Fatal(kv, err)
+		}
+	}
+	if err := os.Remove(dir); err != nil { // the save cannot write its file
+		t.Fatal(err)
+	}
+	rdb.BgSave(ctx)
+	for deadline := time.Now().Add(10 * time.Second); rdb.Ping(ctx).Err() == nil; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the server never answered MISCONF")
+		}
+	}
+	c := dlock.New(rdb)
+	defer c.Close(context.Background())
+	if _, err := c.Mutex("a").TryLock(ctx); !errors.Is(err, dlock.ErrUnavailable) || !strings.Contains(err.Error(), "MISCONF") {
+		t.Fatalf("TryLock on a MISCONF master = %v, want ErrUnavailable naming MISCONF", err)
+	}
+	if n := rdb.DBSize(ctx).Val(); n != 0 {
+		t.Fatalf("%d keys written by a refused script", n)
 	}
 }

@@ -241,4 +241,13 @@ func TestInspectRefusedOrBusyAndForeignOnARedlock(t *testing.T) {
 	if info, err := rl.Inspect(ctx, "f"); err != nil || !info.Foreign || !info.Held || info.TTL <= 0 || info.Owner != "" {
 		t.Errorf("Redlock Inspect of a foreign hash on every master = %+v, %v; want Held and Foreign, with the TTL, no Owner", info, err)
 	}
+	// A foreign value without a TTL never expires: the quorum of {no TTL, 1 min} lets go in
+	// a minute, not "never" (PTTL -1 sorted first).
+	g := lockKeys(DefaultKeyPrefix, "g").lock
+	masters[0].HSet(ctx, g, "x", "1")
+	masters[1].HSet(ctx, g, "x", "1")
+	masters[1].PExpire(ctx, g, time.Minute)
+	if info, err := rl.Inspect(ctx, "g"); err != nil || !info.Held || info.TTL < 50*time.Second {
+		t.Errorf("Redlock Inspect of foreign values on 2 of 3 masters, one without a TTL = %+v, %v; want Held with the TTL of about a minute", info, err)
+	}
 }

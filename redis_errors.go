@@ -16,7 +16,7 @@ import (
 // lock's current master or cannot write yet. None of them is an answer about the lock.
 var unavailablePrefixes = []string{
 	"LOADING", "READONLY", "MOVED", "ASK", "CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN",
-	"NOREPLICAS", "BUSY", "NOTBUSY", "UNBLOCKED",
+	"NOREPLICAS", "BUSY", "NOTBUSY", "UNBLOCKED", "MISCONF",
 }
 
 // replyKind sorts an error from a Redis call.

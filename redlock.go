@@ -1,9 +1,11 @@
 package dlock
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -602,6 +604,14 @@ func (t *redlockTake) onMasters(ctx context.Context, is []int, what string, call
 	return vals, errs
 }
 
+// lasting orders PTTLs by when the key expires: one without a TTL (below 0) never does.
+func lasting(ttl time.Duration) time.Duration {
+	if ttl < 0 {
+		return math.MaxInt64
+	}
+	return ttl
+}
+
 // foreignHolder groups the masters whose key holds something dlock did not write (no owner id
 // starts with a NUL byte).
 const foreignHolder = "\x00foreign"
@@ -651,7 +661,9 @@ func (r *redlock) inspect(ctx context.Context, name string) (LockInfo, error) {
 			info.Token = max(info.Token, m.Token)
 			ttls = append(ttls, m.TTL)
 		}
-		slices.Sort(ttls)
+		// The quorum lets go when the last of its shortest-lived masters does; a TTL below
+		// 0 (a key without one: a foreign value) never expires, so it sorts last.
+		slices.SortFunc(ttls, func(a, b time.Duration) int { return cmp.Compare(lasting(a), lasting(b)) })
 		info.TTL = ttls[len(ttls)-r.quorum]
 	}
 	info.Recent = info.Recent && !info.Held
