@@ -35,7 +35,8 @@ var (
 	// ErrUnavailable means Redis could not give a definite answer: the connection failed or
 	// timed out, or the server replied that it cannot serve the lock now (LOADING after a
 	// restart, READONLY or MOVED during a failover, CLUSTERDOWN, TRYAGAIN, MASTERDOWN,
-	// NOREPLICAS under min-replicas-to-write). The error wraps the cause. TryLock returns it
+	// NOREPLICAS under min-replicas-to-write, BUSY while a script runs long, MISCONF while a
+	// failed save stops writes). The error wraps the cause. TryLock returns it
 	// at once; Lock keeps retrying with backoff until its ctx ends. An attempt that failed
 	// this way may still have taken the lock in Redis: dlock gives such a hold back in the
 	// background.

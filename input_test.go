@@ -191,12 +191,18 @@ func TestNilContextIsRefused(t *testing.T) {
 
 // A master that cannot persist (MISCONF: a failed background save, with
 // stop-writes-on-bgsave-error) cannot serve writes until a save succeeds: TryLock returns
-// ErrUnavailable, which Lock waits out, not a plain error; nothing is written.
+// ErrUnavailable, which Lock waits out, not a plain error; nothing is written. A latch call
+// refused on every send says it was not applied (not that it may have been).
 func TestMisconfIsUnavailable(t *testing.T) {
 	srv := redistest.StartT(t, redistest.Config{Args: []string{"--enable-protected-configs", "yes"}})
 	rdb := srv.Client()
 	defer rdb.Close()
 	ctx := ctxT(t)
+	c := dlock.New(rdb)
+	defer c.Close(context.Background())
+	if _, err := c.Latch("l").TrySetCount(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
 	dir := t.TempDir() + "/gone"
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
@@ -215,12 +221,16 @@ func TestMisconfIsUnavailable(t *testing.T) {
 			t.Fatal("the server never answered MISCONF")
 		}
 	}
-	c := dlock.New(rdb)
-	defer c.Close(context.Background())
 	if _, err := c.Mutex("a").TryLock(ctx); !errors.Is(err, dlock.ErrUnavailable) || !strings.Contains(err.Error(), "MISCONF") {
 		t.Fatalf("TryLock on a MISCONF master = %v, want ErrUnavailable naming MISCONF", err)
 	}
-	if n := rdb.DBSize(ctx).Val(); n != 0 {
-		t.Fatalf("%d keys written by a refused script", n)
+	if n := rdb.Exists(ctx, lockKey("a")).Val(); n != 0 {
+		t.Fatal("a refused script wrote the lock")
+	}
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	err := c.Latch("l").CountDown(short)
+	if !errors.Is(err, dlock.ErrUnavailable) || !strings.Contains(err.Error(), "not applied") || strings.Contains(err.Error(), "may have been applied") {
+		t.Fatalf("CountDown refused on every send = %v, want ErrUnavailable saying it was not applied", err)
 	}
 }

@@ -66,7 +66,8 @@ func (d *Latch) Name() string { return d.name }
 // 1 or a name used as a lock (held, or waited for). While Redis gives no definite answer (a lost reply, a failover)
 // it sends the call again, with backoff, applied once however many sends reach Redis (see
 // Latch); an error matching ErrUnavailable means it gave up (ctx ended, the Client closed, or
-// half the op log's minute passed) and the latch may have been set.
+// half the op log's minute passed) and the latch may have been set, unless the error says "not
+// applied" (Redis refused every send before running it).
 func (d *Latch) TrySetCount(ctx context.Context, count int) (bool, error) {
 	if ctx == nil {
 		return false, nilContext("set latch", d.name)
@@ -94,7 +95,8 @@ func (d *Latch) TrySetCount(ctx context.Context, count int) (bool, error) {
 // answer (a lost reply, a failover) it sends the same call again, with backoff, counted once
 // however many sends reach Redis; an error matching ErrUnavailable means it gave up (ctx
 // ended, the Client closed, or half the op log's minute passed) and the count may have gone
-// down: calling CountDown again then may count twice.
+// down: calling CountDown again then may count twice. When Redis refused every send before
+// running it (LOADING, MISCONF, ...), the error says "not applied" and nothing was counted.
 func (d *Latch) CountDown(ctx context.Context) error {
 	if ctx == nil {
 		return nilContext("count down latch", d.name)
@@ -119,6 +121,15 @@ func (d *Latch) run(ctx context.Context, op string, script *redis.Script, args .
 	keys := []string{d.keys.lock, d.keys.opLog, d.keys.queue, d.keys.live}
 	giveUp := time.Now().Add(opLogTTL / 2)
 	var backoff time.Duration
+	unknown := false // a send got no reply: it may have been applied
+	gaveUp := func(err error) error {
+		if unknown {
+			return d.mayHaveRun(op, err)
+		}
+		// Every send was refused by Redis before it ran (LOADING, MISCONF, a node that is not
+		// the master): nothing was applied, which the caller may count on.
+		return fmt.Errorf("dlock: %s %q: %w: not applied, Redis refused every send: %w", op, d.name, ErrUnavailable, err)
+	}
 	for {
 		cmd := d.c.runScript(ctx, script, keys, args...)
 		err := cmd.Err()
@@ -128,14 +139,15 @@ func (d *Latch) run(ctx context.Context, op string, script *redis.Script, args .
 		case isRedisReply(err) && classify(err) != replyUnavailable, classify(err) == replyClosed:
 			return nil, redisErr(op, d.name, err) // an answer; or go-redis closed: nothing sends
 		}
+		unknown = unknown || !isRedisReply(err)
 		d.c.topologyMayHaveChanged(ctx)
 		backoff = min(max(2*backoff, minUnavailableRetry), maxUnavailableRetry)
 		wait := backoff/2 + rand.N(backoff/2+1)
 		if time.Now().Add(wait).After(giveUp) {
-			return nil, d.mayHaveRun(op, err)
+			return nil, gaveUp(err)
 		}
 		if werr := sleepCtx(ctx, d.c, wait); werr != nil {
-			return nil, d.mayHaveRun(op, join(werr, err))
+			return nil, gaveUp(join(werr, err))
 		}
 	}
 }

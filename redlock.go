@@ -604,10 +604,14 @@ func (t *redlockTake) onMasters(ctx context.Context, is []int, what string, call
 	return vals, errs
 }
 
-// lasting orders PTTLs by when the key expires: one without a TTL (below 0) never does.
+// lasting orders PTTLs by when the key expires: one without a TTL (PTTL -1) never does, one
+// already gone (-2, expired between the reads) has.
 func lasting(ttl time.Duration) time.Duration {
-	if ttl < 0 {
+	switch {
+	case ttl == -1: // go-redis passes PTTL's -1 and -2 through as nanoseconds
 		return math.MaxInt64
+	case ttl < 0:
+		return 0
 	}
 	return ttl
 }
