@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -223,25 +222,8 @@ func TestMisconfIsUnavailableAndReleaseChecksTheMasters(t *testing.T) {
 	for range 3 {
 		servers = append(servers, redistest.StartT(t, redistest.Config{Args: []string{"--enable-protected-configs", "yes"}}))
 	}
-	rdb := servers[2].Client()
-	defer rdb.Close()
-	dir := t.TempDir() + "/gone"
-	if err := os.Mkdir(dir, 0o755); err != nil {
+	if err := servers[2].FailSaves(ctx); err != nil {
 		t.Fatal(err)
-	}
-	for _, kv := range [][2]string{{"save", "3600 1"}, {"stop-writes-on-bgsave-error", "yes"}, {"dir", dir}} {
-		if err := rdb.ConfigSet(ctx, kv[0], kv[1]).Err(); err != nil {
-			t.Fatal(kv, err)
-		}
-	}
-	if err := os.Remove(dir); err != nil { // the save cannot write its file
-		t.Fatal(err)
-	}
-	rdb.BgSave(ctx)
-	for deadline := time.Now().Add(10 * time.Second); rdb.Ping(ctx).Err() == nil; time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the server never answered MISCONF")
-		}
 	}
 	if code, _, errs := runDlock(t, "run", "--redis", servers[2].URL(), uniqueName(t), "--", "true"); code != exitUnavailable || !strings.Contains(errs, "MISCONF") {
 		t.Errorf("run against a MISCONF Redis: exit %d, stderr %q; want %d", code, errs, exitUnavailable)

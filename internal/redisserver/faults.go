@@ -3,6 +3,8 @@ package redisserver
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -133,4 +135,34 @@ func infoField(info, field string) string {
 		}
 	}
 	return ""
+}
+
+// FailSaves makes the server's next background save fail with stop-writes-on-bgsave-error on,
+// so that it answers writes, scripts and PING with MISCONF until a save succeeds; it returns
+// once PING answers so (at most 10 s). The server must have been started with
+// "--enable-protected-configs", "yes" in Config.Args (it moves the save's dir to one that
+// is then removed).
+func (s *Server) FailSaves(ctx context.Context) error {
+	dir := filepath.Join(s.dir, "gone")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return fmt.Errorf("redisserver: FailSaves: %w", err)
+	}
+	rdb := s.adminClient()
+	for _, kv := range [][2]string{{"save", "3600 1"}, {"stop-writes-on-bgsave-error", "yes"}, {"dir", dir}} {
+		if err := rdb.ConfigSet(ctx, kv[0], kv[1]).Err(); err != nil {
+			return fmt.Errorf("redisserver: FailSaves: CONFIG SET %s: %w", kv[0], err)
+		}
+	}
+	if err := os.Remove(dir); err != nil { // the save cannot write its file
+		return fmt.Errorf("redisserver: FailSaves: %w", err)
+	}
+	rdb.BgSave(ctx)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if err := rdb.Ping(ctx).Err(); err != nil && strings.HasPrefix(err.Error(), "MISCONF") {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("redisserver: FailSaves: PING not answered with MISCONF after 10 s")
+		}
+	}
 }
