@@ -15,6 +15,7 @@ import (
 	"math/rand"
 	"net"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -478,8 +479,10 @@ func runRedlockTrials(r *replResult, trials int, rng *rand.Rand) error {
 	return nil
 }
 
-// unreachable returns n loopback addresses where nothing listens (checked: ports freed by
-// the kernel may be taken again), A's view of the servers it cannot reach.
+// unreachable returns n distinct loopback addresses where nothing listens (checked: ports
+// freed by the kernel may be taken again, or handed out twice in a row), A's view of the
+// servers it cannot reach. Two equal ones would make A's Redlock refuse its masters as one
+// server.
 func unreachable(n int) ([]string, error) {
 	var out []string
 	for len(out) < n {
@@ -489,6 +492,9 @@ func unreachable(n int) ([]string, error) {
 		}
 		addr := l.Addr().String()
 		l.Close()
+		if slices.Contains(out, addr) {
+			continue
+		}
 		if c, err := net.DialTimeout("tcp", addr, 50*time.Millisecond); err == nil {
 			c.Close()
 			continue
