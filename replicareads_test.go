@@ -87,22 +87,30 @@ func replicaReads(t *testing.T, cl *redistest.Cluster, ro *redis.ClusterClient) 
 			t.Fatal(err)
 		}
 	}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		slots, err := ro.ClusterSlots(ctx).Result()
-		listed := err == nil && len(slots) > 0
-		for _, s := range slots {
-			listed = listed && len(s.Nodes) > 1
+	// Every node must list the replicas (gossip spreads their offsets), as the client reloads
+	// the map from any one of them.
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		listed := true
+		for _, n := range cl.Nodes() {
+			rdb := n.Client()
+			slots, err := rdb.ClusterSlots(ctx).Result()
+			_ = rdb.Close()
+			listed = listed && err == nil && len(slots) > 0
+			for _, s := range slots {
+				listed = listed && len(s.Nodes) > 1
+			}
 		}
 		if listed {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("replicas not listed in CLUSTER SLOTS after 10 s: %v, %v", slots, err)
+			t.Fatal("replicas not listed in every node's CLUSTER SLOTS after 20 s")
 		}
 	}
-	ro.ReloadState(ctx)
-	// ReloadState is lazy: the next command loads the map. Probe until a read reaches a replica.
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	// ReloadState is lazy (the next command loads the map, in the background): ask again until
+	// a read reaches a replica.
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		ro.ReloadState(ctx)
 		for i := range 16 {
 			ro.Get(ctx, "probe"+strconv.Itoa(i))
 		}
@@ -116,7 +124,7 @@ func replicaReads(t *testing.T, cl *redistest.Cluster, ro *redis.ClusterClient) 
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("a ReadOnly client's GETs reached no replica in 10 s")
+			t.Fatal("a ReadOnly client's GETs reached no replica in 20 s")
 		}
 	}
 	for _, r := range cl.Replicas() {
